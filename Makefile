@@ -1,0 +1,44 @@
+# kvcast: one entry point for setup, tests, P4 builds, generated constants and benchmarks.
+PY      ?= .venv/bin/python
+P4C     ?= $(shell command -v p4c-bm2-ss 2>/dev/null || { [ -x /opt/p4/bin/p4c-bm2-ss ] && echo /opt/p4/bin/p4c-bm2-ss; })
+P4_MAIN := p4src/v1model/kvcast.p4
+P4_OUT  := p4src/build
+P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
+
+.PHONY: setup test test-fast p4 constants bench lint typecheck clean
+
+setup:
+	bash scripts/setup.sh
+
+## test: install what is needed, then run the whole test suite
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast:
+	$(PY) -m pytest -q -ra -m "not slow"
+
+## p4: compile the v1model program with p4c-bm2-ss into p4src/build (P4Info + BMv2 JSON)
+p4: $(P4_OUT)/kvcast.p4info.txtpb
+
+$(P4_OUT)/kvcast.p4info.txtpb: $(P4_SRC)
+	@[ -n "$(P4C)" ] || { echo "p4c-bm2-ss not found (see docs/bmv2.md)"; exit 1; }
+	mkdir -p $(P4_OUT)
+	$(P4C) --std p4-16 -I p4src $(P4_MAIN) -o $(P4_OUT)/kvcast.json \
+	    --p4runtime-files $(P4_OUT)/kvcast.p4info.txtpb
+
+## constants: regenerate kvcast/p4constants.py from the P4Info and p4src/shared/defines.p4
+constants:
+	$(PY) -m kvcast.gen_constants --p4info $(P4_OUT)/kvcast.p4info.txtpb \
+	    --defines p4src/shared/defines.p4 --sizes p4src/shared/sizes.p4 \
+	    --out kvcast/p4constants.py
+
+bench: setup
+	$(PY) -m benchmarks
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache

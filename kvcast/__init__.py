@@ -1,0 +1,7 @@
+"""kvcast: what every kvcast component shares.
+
+Modules:
+    p4constants: names, ids, opcodes and sizes generated from the P4 source (``make constants``).
+    wire: the KVP wire format (header packing, fragment CRCs, Ethernet/IPv4/UDP framing).
+    gen_constants: the generator behind ``make constants``.
+"""

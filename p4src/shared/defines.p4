@@ -1,0 +1,65 @@
+/*
+ * kvcast shared constants: the single source for opcodes, flags, ports, drop reasons and event
+ * indices. kvcast/p4constants.py is generated from this file (`make constants`); never re-type
+ * one of these values in Python.
+ */
+#ifndef _KVCAST_DEFINES_P4_
+#define _KVCAST_DEFINES_P4_
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<8>  IP_PROTO_UDP = 17;
+
+// "KV" in ASCII; outside IANA's well-known range and unused by RoCE (4791) and VXLAN (4789).
+const bit<16> KVP_UDP_PORT = 19286;
+const bit<4>  KVP_VERSION = 1;
+// Bytes of the fixed KVP header (kvp_t in headers.p4).
+const bit<16> KVP_HDR_BYTES = 40;
+const bit<16> UDP_HDR_BYTES = 8;
+const bit<16> IPV4_HDR_BYTES = 20;
+
+// Operations (kvp_t.op).
+const bit<4> KVP_OP_GET = 1;        // host -> switch/pool: send me fragment frag_idx
+const bit<4> KVP_OP_DATA = 2;       // switch/pool -> host(s): one or more fragments
+const bit<4> KVP_OP_WRITE = 3;      // control plane -> switch (CPU port only): fill one slot
+const bit<4> KVP_OP_WRITE_ACK = 4;  // switch -> control plane (PacketIn): slot written
+const bit<4> KVP_OP_NACK = 5;       // pool -> host: not here / bad request (see status)
+
+// Flags (kvp_t.flags), a bit set.
+const bit<8> KVP_FLAG_HIT = 0x01;      // DATA served from switch SRAM
+const bit<8> KVP_FLAG_POOL = 0x02;     // DATA served by a pool node
+const bit<8> KVP_FLAG_NOCACHE = 0x04;  // GET: skip the switch cache, go to the pool owner
+const bit<8> KVP_FLAG_REPLICA = 0x08;  // DATA is a multicast replica rewritten in egress
+
+// NACK status codes (kvp_t.status); sent by pool nodes, the switch only drops and counts.
+const bit<8> KVP_STATUS_OK = 0;
+const bit<8> KVP_STATUS_NOT_FOUND = 1;
+const bit<8> KVP_STATUS_BAD_REQUEST = 2;
+const bit<8> KVP_STATUS_UNAVAILABLE = 3;
+
+// Index into drop_counter: every reason the switch drops a packet.
+const bit<32> DROP_MALFORMED = 0;      // parser error, bad checksum, version, op or length
+const bit<32> DROP_BAD_EPOCH = 1;      // fragment slot holds another load than the entry names
+const bit<32> DROP_BAD_FRAGMENT = 2;   // fragment index beyond the chunk or the slot array
+const bit<32> DROP_UNAUTHORIZED = 3;   // WRITE not from the CPU port, group DATA not from a pool
+const bit<32> DROP_NO_ROUTE = 4;       // no L2/L3 entry, or a replica with no destination
+const bit<32> DROP_TTL_EXPIRED = 5;
+const bit<32> DROP_REASON_COUNT = 6;
+
+// Index into kvp_event_counter: what happened to KVP packets that were not dropped.
+const bit<32> EV_GET_HIT = 0;
+const bit<32> EV_GET_MISS = 1;
+const bit<32> EV_GET_BYPASS = 2;      // GET with KVP_FLAG_NOCACHE
+const bit<32> EV_DATA_MCAST = 3;      // pool DATA replicated to a group
+const bit<32> EV_DATA_UNICAST = 4;
+const bit<32> EV_WRITE = 5;
+const bit<32> EV_HOT_DIGEST = 6;      // a hot uncached key was reported to the control plane
+const bit<32> EV_COUNT = 7;
+
+// Port roles (port_role table); hosts are the default.
+const bit<8> PORT_ROLE_HOST = 0;
+const bit<8> PORT_ROLE_POOL = 1;
+
+// Receiver id of hot-miss digests.
+const bit<32> HOT_MISS_DIGEST_RECEIVER = 1;
+
+#endif  // _KVCAST_DEFINES_P4_

@@ -1,0 +1,128 @@
+/*
+ * kvcast header types (types only; instances live in the per-architecture metadata file).
+ * Byte order on the wire is network order (big-endian) for every field, as P4 deparses them.
+ */
+#ifndef _KVCAST_HEADERS_P4_
+#define _KVCAST_HEADERS_P4_
+
+#include "shared/sizes.p4"
+
+typedef bit<48> mac_addr_t;
+typedef bit<32> ipv4_addr_t;
+typedef bit<64> chunk_key_t;
+typedef bit<16> tenant_t;
+typedef bit<16> group_t;
+typedef bit<32> epoch_t;
+typedef bit<32> slot_index_t;
+
+header ethernet_t {
+    mac_addr_t dst_addr;
+    mac_addr_t src_addr;
+    bit<16>    ether_type;
+}
+
+header ipv4_t {
+    bit<4>      version;
+    bit<4>      ihl;
+    bit<8>      dscp_ecn;
+    bit<16>     total_len;
+    bit<16>     identification;
+    bit<3>      flags;
+    bit<13>     frag_offset;
+    bit<8>      ttl;
+    bit<8>      protocol;
+    bit<16>     hdr_checksum;
+    ipv4_addr_t src_addr;
+    ipv4_addr_t dst_addr;
+}
+
+header udp_t {
+    bit<16> src_port;
+    bit<16> dst_port;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+// The KVP header, 40 bytes; docs/protocol.md describes every field.
+header kvp_t {
+    bit<4>       version;
+    bit<4>       op;
+    bit<8>       flags;
+    bit<8>       status;
+    bit<8>       rsvd0;
+    tenant_t     tenant;
+    group_t      group;
+    chunk_key_t  key;
+    bit<32>      req_id;
+    epoch_t      epoch;
+    bit<16>      frag_idx;
+    bit<16>      frag_count;
+    bit<16>      payload_len;
+    bit<16>      rsvd1;
+    slot_index_t index;
+    bit<32>      crc;
+}
+
+// One fragment as FRAG_WORDS 64-bit words: the GET placeholder the switch overwrites on a hit,
+// and the payload of a WRITE. Words are big-endian, so the payload bytes keep their order.
+header kvp_value_t {
+    bit<64> w00;
+    bit<64> w01;
+    bit<64> w02;
+    bit<64> w03;
+    bit<64> w04;
+    bit<64> w05;
+    bit<64> w06;
+    bit<64> w07;
+    bit<64> w08;
+    bit<64> w09;
+    bit<64> w10;
+    bit<64> w11;
+    bit<64> w12;
+    bit<64> w13;
+    bit<64> w14;
+    bit<64> w15;
+#if FRAG_WORDS > 16
+    bit<64> w16;
+    bit<64> w17;
+    bit<64> w18;
+    bit<64> w19;
+    bit<64> w20;
+    bit<64> w21;
+    bit<64> w22;
+    bit<64> w23;
+    bit<64> w24;
+    bit<64> w25;
+    bit<64> w26;
+    bit<64> w27;
+    bit<64> w28;
+    bit<64> w29;
+    bit<64> w30;
+    bit<64> w31;
+#endif
+}
+
+// P4Runtime PacketOut metadata: egress_port 0 means "run the packet through ingress as if it
+// arrived on the CPU port" (how the control plane injects WRITEs); any other port sends it there.
+@controller_header("packet_out")
+header packet_out_t {
+    bit<9> egress_port;
+    bit<7> pad;
+}
+
+// P4Runtime PacketIn metadata: the port the packet came in on.
+@controller_header("packet_in")
+header packet_in_t {
+    bit<9> ingress_port;
+    bit<7> pad;
+}
+
+// Hot uncached key report (digest), sent once per sketch window when the key's estimated miss
+// count reaches the threshold.
+struct hot_miss_digest_t {
+    tenant_t    tenant;
+    chunk_key_t key;
+    bit<32>     estimate;
+}
+
+#endif  // _KVCAST_HEADERS_P4_

@@ -1,0 +1,81 @@
+/*
+ * HotMissSketch: a count-min sketch over GET misses that reports an uncached key to the control
+ * plane (digest) once per window, when its estimated miss count reaches the threshold. Each cell
+ * holds an 8-bit window id above a 24-bit count, so cells age by themselves (a cell last touched
+ * in another window restarts at 1) and no control-plane register reset is needed, which BMv2's
+ * P4Runtime server could not do anyway.
+ */
+#ifndef _KVCAST_HOT_SKETCH_P4_
+#define _KVCAST_HOT_SKETCH_P4_
+
+// One row of the sketch: bumps the key's cell and returns its count in the current window.
+control SketchRow(in bit<32> index, in bit<8> window, out bit<24> count) {
+    register<bit<32>>(CMS_WIDTH) cms_row;
+
+    apply {
+        bit<32> cell;
+        cms_row.read(cell, index);
+        if (cell[31:24] != window) {
+            count = 1;
+        } else if (cell[23:0] == 24w0xffffff) {
+            count = cell[23:0];
+        } else {
+            count = cell[23:0] + 1;
+        }
+        cms_row.write(index, window ++ count);
+    }
+}
+
+control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
+                      in standard_metadata_t std) {
+    SketchRow() row0;
+    SketchRow() row1;
+    SketchRow() row2;
+
+    action set_hot_threshold(bit<24> threshold) {
+        meta.hot_threshold = threshold;
+    }
+
+    // Keyless: the control plane tunes the threshold by modifying the default action.
+    table sketch_config {
+        actions = { set_hot_threshold; }
+        default_action = set_hot_threshold(HOT_MISS_THRESHOLD);
+        size = 1;
+    }
+
+    apply {
+        sketch_config.apply();
+        bit<8> window = (bit<8>)(std.ingress_global_timestamp >> SKETCH_WINDOW_SHIFT);
+        // Three rows hashed with CRC-32 over the key and a per-row salt byte.
+        bit<32> i0;
+        bit<32> i1;
+        bit<32> i2;
+        hash(i0, HashAlgorithm.crc32, 32w0, { hdr.kvp.tenant, hdr.kvp.key, 8w0 },
+             (bit<32>)CMS_WIDTH);
+        hash(i1, HashAlgorithm.crc32, 32w0, { hdr.kvp.tenant, hdr.kvp.key, 8w1 },
+             (bit<32>)CMS_WIDTH);
+        hash(i2, HashAlgorithm.crc32, 32w0, { hdr.kvp.tenant, hdr.kvp.key, 8w2 },
+             (bit<32>)CMS_WIDTH);
+        bit<24> c0;
+        bit<24> c1;
+        bit<24> c2;
+        row0.apply(i0, window, c0);
+        row1.apply(i1, window, c1);
+        row2.apply(i2, window, c2);
+        bit<24> estimate = c0;
+        if (c1 < estimate) {
+            estimate = c1;
+        }
+        if (c2 < estimate) {
+            estimate = c2;
+        }
+        // Equality, not >=: the estimate passes the threshold once per window.
+        if (estimate == meta.hot_threshold) {
+            digest<hot_miss_digest_t>(HOT_MISS_DIGEST_RECEIVER,
+                { hdr.kvp.tenant, hdr.kvp.key, (bit<32>)estimate });
+            meta.hot_reported = true;
+        }
+    }
+}
+
+#endif  // _KVCAST_HOT_SKETCH_P4_

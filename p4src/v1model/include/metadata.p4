@@ -1,0 +1,39 @@
+/* kvcast v1model: header instances and per-packet metadata. */
+#ifndef _KVCAST_METADATA_P4_
+#define _KVCAST_METADATA_P4_
+
+#include "shared/headers.p4"
+
+struct headers_t {
+    packet_out_t packet_out;
+    packet_in_t  packet_in;
+    ethernet_t   ethernet;
+    ipv4_t       ipv4;
+    udp_t        udp;
+    kvp_t        kvp;
+    kvp_value_t  value;
+}
+
+struct local_metadata_t {
+    bit<8>       port_role;
+    bool         from_cpu;
+    // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
+    // L2/L3 lookup is skipped.
+    bool         done;
+    bool         drop;
+    bit<32>      drop_reason;
+    bool         count_event;
+    bit<32>      event;
+    bool         hot_reported;
+    // Cache lookup result.
+    bool         hit;
+    slot_index_t slot_base;
+    bit<16>      frag_count;
+    epoch_t      epoch;
+    // The fragment slot this packet reads or writes, and the epoch stored with it.
+    slot_index_t slot;
+    epoch_t      frag_epoch;
+    bit<24>      hot_threshold;
+}
+
+#endif  // _KVCAST_METADATA_P4_

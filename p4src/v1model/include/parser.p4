@@ -1,0 +1,96 @@
+/* kvcast v1model parser, checksum controls and deparser. */
+#ifndef _KVCAST_PARSER_P4_
+#define _KVCAST_PARSER_P4_
+
+parser KvcastParser(packet_in packet, out headers_t hdr, inout local_metadata_t meta,
+                    inout standard_metadata_t std) {
+    state start {
+        transition select(std.ingress_port) {
+            CPU_PORT_NUM: parse_packet_out;
+            default: parse_ethernet;
+        }
+    }
+
+    state parse_packet_out {
+        packet.extract(hdr.packet_out);
+        transition parse_ethernet;
+    }
+
+    state parse_ethernet {
+        packet.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_ipv4 {
+        packet.extract(hdr.ipv4);
+        // Only unfragmented option-less UDP can carry KVP; anything else is plain IP traffic
+        // (ingress drops option-carrying headers as malformed because it cannot fix their
+        // checksum after a TTL decrement).
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (4w5, 13w0, IP_PROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+
+    state parse_udp {
+        packet.extract(hdr.udp);
+        // Requests go to the KVP port; replies come from it to the agent's own port.
+        transition select(hdr.udp.dst_port, hdr.udp.src_port) {
+            (KVP_UDP_PORT, _): parse_kvp;
+            (_, KVP_UDP_PORT): parse_kvp;
+            default: accept;
+        }
+    }
+
+    state parse_kvp {
+        packet.extract(hdr.kvp);
+        // GET carries a one-fragment placeholder and WRITE one fragment of data; both are
+        // parsed so that the fragment store can overwrite or read them word by word.
+        transition select(hdr.kvp.op) {
+            KVP_OP_GET: parse_value;
+            KVP_OP_WRITE: parse_value;
+            default: accept;
+        }
+    }
+
+    state parse_value {
+        packet.extract(hdr.value);
+        transition accept;
+    }
+}
+
+control KvcastVerifyChecksum(inout headers_t hdr, inout local_metadata_t meta) {
+    apply {
+        verify_checksum(hdr.ipv4.isValid() && hdr.ipv4.ihl == 5,
+            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.dscp_ecn, hdr.ipv4.total_len,
+              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
+              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
+    }
+}
+
+control KvcastComputeChecksum(inout headers_t hdr, inout local_metadata_t meta) {
+    apply {
+        update_checksum(hdr.ipv4.isValid() && hdr.ipv4.ihl == 5,
+            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.dscp_ecn, hdr.ipv4.total_len,
+              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
+              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
+    }
+}
+
+control KvcastDeparser(packet_out packet, in headers_t hdr) {
+    apply {
+        packet.emit(hdr.packet_in);
+        packet.emit(hdr.ethernet);
+        packet.emit(hdr.ipv4);
+        packet.emit(hdr.udp);
+        packet.emit(hdr.kvp);
+        packet.emit(hdr.value);
+    }
+}
+
+#endif  // _KVCAST_PARSER_P4_

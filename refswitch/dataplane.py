@@ -1,0 +1,196 @@
+"""The reference target's packet I/O: raw sockets on veth/Mininet interfaces.
+
+Classes:
+    PortMap: parses ``PORT@IFNAME`` arguments (simple_switch_grpc's ``-i`` syntax).
+    Dataplane: one thread that receives from every port, runs the :class:`Pipeline` and sends
+        the outputs; PacketOut from the controller is queued into the same thread, and outputs
+        to the CPU port become PacketIn messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import socket
+import threading
+from collections.abc import Iterable, Mapping
+
+from refswitch.pipeline import PACKET_OUT_LEN, Output, Pipeline
+
+log = logging.getLogger(__name__)
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4  # sll_pkttype of frames this host sent itself
+_MAX_FRAME = 65535
+
+
+class DataplaneError(RuntimeError):
+    """An interface cannot be opened or a port is given twice."""
+
+
+class PortMap(dict[int, str]):
+    """Port number to interface name."""
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> PortMap:
+        """Parses ``["1@veth1", "2@veth3"]``.
+
+        Args:
+            specs: ``PORT@IFNAME`` strings.
+
+        Returns:
+            The map.
+
+        Raises:
+            DataplaneError: a spec is malformed or a port repeats.
+        """
+        ports = cls()
+        for spec in specs:
+            num, sep, ifname = spec.partition("@")
+            if not sep or not num.isdigit() or not ifname:
+                raise DataplaneError(f"interface spec {spec!r} is not PORT@IFNAME")
+            if int(num) in ports:
+                raise DataplaneError(f"port {num} given twice")
+            ports[int(num)] = ifname
+        return ports
+
+
+class Dataplane:
+    """Moves packets between interfaces and the pipeline.
+
+    Args:
+        pipeline: the switch pipeline.
+        ports: port number to interface name.
+    """
+
+    def __init__(self, pipeline: Pipeline, ports: Mapping[int, str]):
+        self.pipeline = pipeline
+        self.ports = dict(ports)
+        self._socks: dict[int, socket.socket] = {}
+        self._by_fd: dict[int, int] = {}
+        self._outq: queue.SimpleQueue[tuple[bytes, Mapping[str, int]]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rx_packets = 0
+        self.tx_packets = 0
+        self.tx_errors = 0
+        pipeline.state.packet_out_handler = self.packet_out
+
+    def open(self) -> None:
+        """Opens one raw socket per port.
+
+        Raises:
+            DataplaneError: an interface does not exist or raw sockets are not permitted.
+        """
+        for port, ifname in self.ports.items():
+            try:
+                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+                sock.bind((ifname, 0))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                sock.setblocking(False)
+            except OSError as exc:
+                self.close()
+                raise DataplaneError(f"cannot open port {port} on {ifname}: {exc}") from exc
+            self._socks[port] = sock
+            self._by_fd[sock.fileno()] = port
+
+    def packet_out(self, payload: bytes, metadata: Mapping[str, int]) -> None:
+        """PacketOut from the controller (any thread): runs it as if it came in on the CPU port.
+
+        Args:
+            payload: the frame.
+            metadata: decoded packet_out metadata (``egress_port``).
+        """
+        self._outq.put((payload, metadata))
+        os.write(self._wake_w, b"x")
+
+    def start(self) -> None:
+        """Opens the ports (if needed) and starts the forwarding thread."""
+        if not self._socks:
+            self.open()
+        self._thread = threading.Thread(target=self._run, name="refswitch-dataplane", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the thread and closes the sockets."""
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        if self._thread:
+            self._thread.join(timeout=5)
+        self.close()
+
+    def close(self) -> None:
+        """Closes every socket."""
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+        self._by_fd.clear()
+
+    def _emit(self, outputs: list[Output]) -> None:
+        state = self.pipeline.state
+        for out in outputs:
+            if out.port == self.pipeline.cpu_port:
+                state.emit_packet_in(out.frame, {"ingress_port": out.ingress_port, "pad": 0})
+                continue
+            sock = self._socks.get(out.port)
+            if sock is None:
+                self.tx_errors += 1
+                continue
+            try:
+                sock.send(out.frame)
+                self.tx_packets += 1
+            except OSError:
+                self.tx_errors += 1
+
+    def _run(self) -> None:
+        poller = select.epoll()
+        for fd in self._by_fd:
+            poller.register(fd, select.EPOLLIN)
+        poller.register(self._wake_r, select.EPOLLIN)
+        try:
+            while not self._stop.is_set():
+                for fd, _ in poller.poll(0.5):
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                        self._drain_packet_out()
+                        continue
+                    port = self._by_fd.get(fd)
+                    if port is None:
+                        continue
+                    self._drain_port(port)
+        finally:
+            poller.close()
+
+    def _drain_port(self, port: int) -> None:
+        sock = self._socks[port]
+        for _ in range(256):
+            try:
+                frame, addr = sock.recvfrom(_MAX_FRAME)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if addr[2] == PACKET_OUTGOING:
+                continue
+            self.rx_packets += 1
+            try:
+                self._emit(self.pipeline.process(port, frame))
+            except Exception:  # a pipeline bug must not stop the switch
+                log.exception("pipeline failed on a packet from port %d", port)
+
+    def _drain_packet_out(self) -> None:
+        cpu = self.pipeline.cpu_port
+        while True:
+            try:
+                payload, metadata = self._outq.get_nowait()
+            except queue.Empty:
+                return
+            header = ((metadata.get("egress_port", 0) & 0x1FF) << 7).to_bytes(PACKET_OUT_LEN, "big")
+            try:
+                self._emit(self.pipeline.process(cpu, header + payload))
+            except Exception:
+                log.exception("pipeline failed on a PacketOut")

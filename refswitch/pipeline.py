@@ -1,0 +1,561 @@
+"""The kvcast switch pipeline in Python: p4src/v1model/kvcast.p4, packet for packet.
+
+This is the reference target's data plane. It keeps the same table, action, register, counter
+and digest names and semantics as the P4 program (tables live in a P4Info-driven
+:class:`~refswitch.runtime.SwitchState`, written over P4Runtime), and follows the program's
+control flow block by block so that a reader can hold the two side by side. Conformance vectors
+(tests/conformance) check that both give the same packets and counters.
+
+Classes:
+    Registers: the program's register arrays (fragment store and sketch rows).
+    Pipeline: parser, ingress, multicast replication, egress and deparser for one packet.
+    Output: one packet the pipeline sends, with its egress port.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvcast import p4constants as c
+from kvcast.wire import KVP_STRUCT, ipv4_checksum
+from refswitch.runtime import ActionCall, SwitchState
+
+log = logging.getLogger(__name__)
+
+_U16 = struct.Struct("!H")
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_UDP = struct.Struct("!HHHH")
+_SKETCH_SEED = struct.Struct("!HQB")
+_MAX24 = 0xFFFFFF
+
+ETH_LEN = 14
+IPV4_LEN = c.IPV4_HDR_BYTES
+UDP_LEN = c.UDP_HDR_BYTES
+KVP_LEN = c.KVP_HDR_BYTES
+PACKET_OUT_LEN = 2
+PACKET_IN_LEN = 2
+
+# Table names (from the generated constants: P4 is the single source).
+T_PORT_ROLE = c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE
+T_CACHE = c.TABLE_INGRESS_CACHE_CACHE_TABLE
+T_SKETCH_CONFIG = c.TABLE_INGRESS_HOT_SKETCH_SKETCH_CONFIG
+T_POOL_OWNER = c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER
+T_IPV4_LPM = c.TABLE_INGRESS_FORWARDING_IPV4_LPM
+T_L2_FWD = c.TABLE_INGRESS_FORWARDING_L2_FWD
+T_REPLICA = c.TABLE_EGRESS_REPLICA_REPLICA_DST
+A_CACHE_HIT = c.ACTION_INGRESS_CACHE_CACHE_HIT
+A_SET_POOL = c.ACTION_INGRESS_POOL_OWNER_SET_POOL
+A_ROUTE = c.ACTION_INGRESS_FORWARDING_ROUTE
+A_L2_FORWARD = c.ACTION_INGRESS_FORWARDING_L2_FORWARD
+A_SET_REPLICA_DST = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
+A_SET_PORT_ROLE = c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE
+A_SET_HOT_THRESHOLD = c.ACTION_INGRESS_HOT_SKETCH_SET_HOT_THRESHOLD
+IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
+IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
+EG_DROPS = c.COUNTER_EGRESS_STATS_DROP_COUNTER
+HOT_DIGEST = c.DIGEST_HOT_MISS_DIGEST_T
+
+
+def initial_defaults() -> dict[str, ActionCall]:
+    """The default actions the P4 program gives its tables (P4Info does not carry them).
+
+    Returns:
+        Table name to default action, as declared in p4src/v1model.
+    """
+    return {
+        T_PORT_ROLE: ActionCall(A_SET_PORT_ROLE, {"role": c.PORT_ROLE_HOST}),
+        T_CACHE: ActionCall(c.ACTION_INGRESS_CACHE_CACHE_MISS, {}),
+        T_SKETCH_CONFIG: ActionCall(A_SET_HOT_THRESHOLD, {"threshold": c.HOT_MISS_THRESHOLD}),
+        T_POOL_OWNER: ActionCall(c.ACTION_NOACTION, {}),
+        T_IPV4_LPM: ActionCall(c.ACTION_INGRESS_FORWARDING_NO_ROUTE, {}),
+        T_L2_FWD: ActionCall(c.ACTION_INGRESS_FORWARDING_NO_ROUTE, {}),
+        T_REPLICA: ActionCall(c.ACTION_EGRESS_REPLICA_REPLICA_UNKNOWN, {}),
+    }
+
+
+class Registers:
+    """The program's register arrays.
+
+    Fragment words are kept as one byte array of FRAG_BYTES per slot: FRAG_WORDS big-endian
+    64-bit registers side by side hold exactly these bytes, so nothing is lost by the packing.
+
+    Attributes:
+        frag_words: NUM_FRAG_SLOTS x FRAG_BYTES bytes (FragmentStore.slice_NN.frag_word).
+        frag_epoch: epoch of the load that wrote each slot (FragmentStore.frag_epoch).
+        frag_crc: CRC stored with each slot (FragmentStore.frag_crc).
+        frag_len: valid bytes of each slot (FragmentStore.frag_len).
+        cms_rows: CMS_ROWS sketch rows of CMS_WIDTH cells (HotMissSketch.rowN.cms_row).
+    """
+
+    def __init__(self) -> None:
+        self.frag_words = bytearray(c.NUM_FRAG_SLOTS * c.FRAG_BYTES)
+        self.frag_epoch = array.array("I", bytes(4 * c.NUM_FRAG_SLOTS))
+        self.frag_crc = array.array("I", bytes(4 * c.NUM_FRAG_SLOTS))
+        self.frag_len = array.array("H", bytes(2 * c.NUM_FRAG_SLOTS))
+        self.cms_rows = [array.array("I", bytes(4 * c.CMS_WIDTH)) for _ in range(c.CMS_ROWS)]
+
+    def snapshot(self) -> bytes:
+        """All cache state (fragments and their metadata) as bytes, to compare before/after."""
+        return (
+            bytes(self.frag_words)
+            + self.frag_epoch.tobytes()
+            + self.frag_crc.tobytes()
+            + self.frag_len.tobytes()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A packet the pipeline emits.
+
+    Attributes:
+        port: egress port; the CPU port means a PacketIn.
+        frame: the frame bytes (for the CPU port, without the packet_in header).
+        ingress_port: the port the original packet came in on (PacketIn metadata).
+    """
+
+    port: int
+    frame: bytes
+    ingress_port: int
+
+
+class _Meta:
+    """local_metadata_t plus the standard metadata the program uses."""
+
+    __slots__ = (
+        "port_role",
+        "from_cpu",
+        "done",
+        "drop",
+        "drop_reason",
+        "event",
+        "hot_reported",
+        "egress_spec",
+        "mcast_grp",
+    )
+
+    def __init__(self) -> None:
+        self.port_role = c.PORT_ROLE_HOST
+        self.from_cpu = False
+        self.done = False
+        self.drop = False
+        self.drop_reason = 0
+        self.event = -1
+        self.hot_reported = False
+        self.egress_spec = -1
+        self.mcast_grp = 0
+
+
+class Pipeline:
+    """The v1model program for one switch, one packet at a time.
+
+    Not thread-safe: one dataplane thread calls :meth:`process`; P4Runtime writes go to the
+    :class:`SwitchState`, which is.
+
+    Args:
+        state: table entries, counters, multicast groups, digests.
+        clock_ns: monotonic clock in ns (ingress_global_timestamp is microseconds from start).
+    """
+
+    def __init__(self, state: SwitchState, clock_ns: Callable[[], int] = time.monotonic_ns):
+        self.state = state
+        self.regs = Registers()
+        self._clock_ns = clock_ns
+        self._start_ns = clock_ns()
+        self.cpu_port = c.CPU_PORT_NUM
+
+    # ------------------------------------------------------------------ parser
+    def process(self, ingress_port: int, frame: bytes) -> list[Output]:
+        """Runs one packet through parser, ingress, replication, egress and deparser.
+
+        Args:
+            ingress_port: the port it arrived on (the CPU port for a PacketOut, whose frame
+                then starts with the 2-byte packet_out header).
+            frame: the bytes received.
+
+        Returns:
+            The packets to send, in replica order; empty if dropped.
+        """
+        pkt = bytearray(frame)
+        n = len(pkt)
+        meta = _Meta()
+        off = 0
+        error = False
+        packet_out_port = -1
+        if ingress_port == self.cpu_port:
+            if n < PACKET_OUT_LEN:
+                error = True
+            else:
+                packet_out_port = _U16.unpack_from(pkt, 0)[0] >> 7
+                off = PACKET_OUT_LEN
+        eth = off
+        ip = udp = kvp = value = -1
+        if not error:
+            if n - off < ETH_LEN:
+                error = True
+            elif pkt[eth + 12] == 0x08 and pkt[eth + 13] == 0x00:
+                ip = eth + ETH_LEN
+                if n - ip < IPV4_LEN:
+                    error = True
+                    ip = -1
+                else:
+                    ver_ihl = pkt[ip]
+                    frag_off = _U16.unpack_from(pkt, ip + 6)[0] & 0x1FFF
+                    if ver_ihl & 0xF == 5 and frag_off == 0 and pkt[ip + 9] == c.IP_PROTO_UDP:
+                        udp = ip + IPV4_LEN
+                        if n - udp < UDP_LEN:
+                            error = True
+                            udp = -1
+                        else:
+                            sport, dport = struct.unpack_from("!HH", pkt, udp)
+                            if dport == c.KVP_UDP_PORT or sport == c.KVP_UDP_PORT:
+                                kvp = udp + UDP_LEN
+                                if n - kvp < KVP_LEN:
+                                    error = True
+                                    kvp = -1
+                                elif pkt[kvp] & 0xF in (c.KVP_OP_GET, c.KVP_OP_WRITE):
+                                    value = kvp + KVP_LEN
+                                    if n - value < c.FRAG_BYTES:
+                                        error = True
+                                        value = -1
+        checksum_error = False
+        if not error and ip >= 0 and pkt[ip] & 0xF == 5:
+            stored = _U16.unpack_from(pkt, ip + 10)[0]
+            hdr = bytes(pkt[ip : ip + 10]) + b"\0\0" + bytes(pkt[ip + 12 : ip + IPV4_LEN])
+            checksum_error = ipv4_checksum(hdr) != stored
+        return self._ingress(
+            ingress_port,
+            pkt,
+            meta,
+            error or checksum_error,
+            packet_out_port,
+            eth,
+            ip,
+            udp,
+            kvp,
+            value,
+        )
+
+    # ------------------------------------------------------------------ ingress
+    def _ingress(
+        self,
+        port: int,
+        pkt: bytearray,
+        meta: _Meta,
+        bad: bool,
+        packet_out_port: int,
+        eth: int,
+        ip: int,
+        udp: int,
+        kvp: int,
+        value: int,
+    ) -> list[Output]:
+        state = self.state
+        if bad or ip >= 0 and (pkt[ip] >> 4 != 4 or pkt[ip] & 0xF != 5):
+            self._drop(meta, c.DROP_MALFORMED)
+        elif packet_out_port >= 0:
+            if packet_out_port != 0:
+                meta.egress_spec = packet_out_port
+                meta.done = True
+            else:
+                meta.from_cpu = True
+            # packet_out.setInvalid(): the deparser no longer emits it.
+            del pkt[:PACKET_OUT_LEN]
+            eth -= PACKET_OUT_LEN
+            ip -= PACKET_OUT_LEN if ip >= 0 else 0
+            udp -= PACKET_OUT_LEN if udp >= 0 else 0
+            kvp -= PACKET_OUT_LEN if kvp >= 0 else 0
+            value -= PACKET_OUT_LEN if value >= 0 else 0
+
+        if not meta.drop and not meta.done and kvp >= 0:
+            role, _ = state.lookup(T_PORT_ROLE, (port,))
+            meta.port_role = role.params["role"] if role.action == A_SET_PORT_ROLE else 0
+            self._validate(pkt, meta, ip, udp, kvp, value)
+
+        if not meta.drop and not meta.done and kvp >= 0:
+            op = pkt[kvp] & 0xF
+            if op == c.KVP_OP_WRITE:
+                self._write(pkt, meta, ip, udp, kvp, value)
+            elif op == c.KVP_OP_GET:
+                self._get(port, pkt, meta, eth, ip, udp, kvp, value)
+            elif op == c.KVP_OP_DATA:
+                group = _U16.unpack_from(pkt, kvp + 6)[0]
+                if group == 0:
+                    meta.event = c.EV_DATA_UNICAST
+                elif meta.port_role != c.PORT_ROLE_POOL:
+                    self._drop(meta, c.DROP_UNAUTHORIZED)
+                else:
+                    meta.mcast_grp = group
+                    meta.done = True
+                    meta.event = c.EV_DATA_MCAST
+            elif op == c.KVP_OP_WRITE_ACK:
+                self._drop(meta, c.DROP_UNAUTHORIZED)
+
+        if not meta.drop and not meta.done:
+            self._forwarding(pkt, meta, eth, ip)
+        # Stats
+        if meta.drop:
+            state.count(IG_DROPS, meta.drop_reason)
+            return []
+        if meta.event >= 0:
+            state.count(IG_EVENTS, meta.event)
+        if meta.hot_reported:
+            state.count(IG_EVENTS, c.EV_HOT_DIGEST)
+        return self._replicate_and_egress(port, pkt, meta, kvp)
+
+    @staticmethod
+    def _drop(meta: _Meta, reason: int) -> None:
+        meta.drop = True
+        meta.drop_reason = reason
+
+    def _validate(
+        self, pkt: bytearray, meta: _Meta, ip: int, udp: int, kvp: int, value: int
+    ) -> None:
+        """KvpValidate."""
+        udp_len = _U16.unpack_from(pkt, udp + 4)[0]
+        total_len = _U16.unpack_from(pkt, ip + 2)[0]
+        kvp_bytes = (udp_len - UDP_LEN - KVP_LEN) & 0xFFFF
+        version, op = pkt[kvp] >> 4, pkt[kvp] & 0xF
+        payload_len = _U16.unpack_from(pkt, kvp + 28)[0]
+        if version != c.KVP_VERSION or not c.KVP_OP_GET <= op <= c.KVP_OP_NACK:
+            malformed = True
+        elif udp_len != (total_len - IPV4_LEN) & 0xFFFF or udp_len < UDP_LEN + KVP_LEN:
+            malformed = True
+        elif op in (c.KVP_OP_GET, c.KVP_OP_WRITE):
+            # Exactly one fragment follows: the placeholder or the data to store.
+            malformed = kvp_bytes != c.FRAG_BYTES or value < 0
+            malformed |= op == c.KVP_OP_WRITE and payload_len > c.FRAG_BYTES
+        else:
+            malformed = payload_len > kvp_bytes
+        if malformed:
+            self._drop(meta, c.DROP_MALFORMED)
+
+    def _write(self, pkt: bytearray, meta: _Meta, ip: int, udp: int, kvp: int, value: int) -> None:
+        """WRITE from the CPU port: store one fragment, acknowledge to the control plane."""
+        if not meta.from_cpu:
+            self._drop(meta, c.DROP_UNAUTHORIZED)
+            return
+        (
+            _vo,
+            _fl,
+            _st,
+            _r0,
+            _tenant,
+            _group,
+            _key,
+            _req,
+            epoch,
+            _fi,
+            _fc,
+            payload_len,
+            _r1,
+            index,
+            crc,
+        ) = KVP_STRUCT.unpack_from(pkt, kvp)
+        if index >= c.NUM_FRAG_SLOTS:
+            self._drop(meta, c.DROP_BAD_FRAGMENT)
+            return
+        regs = self.regs
+        regs.frag_epoch[index] = epoch
+        regs.frag_crc[index] = crc
+        regs.frag_len[index] = payload_len
+        base = index * c.FRAG_BYTES
+        regs.frag_words[base : base + c.FRAG_BYTES] = pkt[value : value + c.FRAG_BYTES]
+        pkt[kvp] = (pkt[kvp] & 0xF0) | c.KVP_OP_WRITE_ACK
+        del pkt[value : value + c.FRAG_BYTES]
+        _U16.pack_into(pkt, udp + 4, (_U16.unpack_from(pkt, udp + 4)[0] - c.FRAG_BYTES) & 0xFFFF)
+        _U16.pack_into(pkt, ip + 2, (_U16.unpack_from(pkt, ip + 2)[0] - c.FRAG_BYTES) & 0xFFFF)
+        _U16.pack_into(pkt, udp + 6, 0)
+        meta.egress_spec = self.cpu_port
+        meta.done = True
+        meta.event = c.EV_WRITE
+
+    def _get(
+        self,
+        port: int,
+        pkt: bytearray,
+        meta: _Meta,
+        eth: int,
+        ip: int,
+        udp: int,
+        kvp: int,
+        value: int,
+    ) -> None:
+        """GET: cache lookup; a hit becomes a DATA reply, a miss goes to the pool owner."""
+        state = self.state
+        flags = pkt[kvp + 1]
+        tenant, group, key = struct.unpack_from("!HHQ", pkt, kvp + 4)
+        hit = False
+        if flags & c.KVP_FLAG_NOCACHE == 0:
+            call, entry = state.lookup(T_CACHE, (tenant, key))
+            state.count_direct(entry)
+            if call.action == A_CACHE_HIT:
+                hit = True
+                params = call.params
+        if hit:
+            frag_idx = _U16.unpack_from(pkt, kvp + 24)[0]
+            frag_count = params["frag_count"]
+            epoch = params["epoch"]
+            slot = (params["slot_base"] + frag_idx) & 0xFFFFFFFF
+            if frag_idx >= frag_count or slot >= c.NUM_FRAG_SLOTS:
+                self._drop(meta, c.DROP_BAD_FRAGMENT)
+                return
+            regs = self.regs
+            # FragmentStore read: the placeholder, CRC and length are overwritten even if the
+            # epoch check below then drops the packet, as in the P4 program.
+            base = slot * c.FRAG_BYTES
+            pkt[value : value + c.FRAG_BYTES] = regs.frag_words[base : base + c.FRAG_BYTES]
+            struct.pack_into("!I", pkt, kvp + 36, regs.frag_crc[slot])
+            _U16.pack_into(pkt, kvp + 28, regs.frag_len[slot])
+            if regs.frag_epoch[slot] != epoch:
+                self._drop(meta, c.DROP_BAD_EPOCH)
+                return
+            self._reply(port, pkt, meta, eth, ip, udp, kvp, frag_count, epoch, group)
+            meta.event = c.EV_GET_HIT
+        elif flags & c.KVP_FLAG_NOCACHE:
+            self._pool_owner(pkt, ip, udp, key)
+            meta.event = c.EV_GET_BYPASS
+        else:
+            self._hot_sketch(meta, tenant, key)
+            self._pool_owner(pkt, ip, udp, key)
+            meta.event = c.EV_GET_MISS
+
+    def _reply(
+        self,
+        port: int,
+        pkt: bytearray,
+        meta: _Meta,
+        eth: int,
+        ip: int,
+        udp: int,
+        kvp: int,
+        frag_count: int,
+        epoch: int,
+        group: int,
+    ) -> None:
+        """KvpReply."""
+        pkt[kvp] = (pkt[kvp] & 0xF0) | c.KVP_OP_DATA
+        pkt[kvp + 1] |= c.KVP_FLAG_HIT
+        _U16.pack_into(pkt, kvp + 26, frag_count)
+        struct.pack_into("!I", pkt, kvp + 20, epoch)
+        struct.pack_into("!I", pkt, kvp + 32, 0)
+        pkt[ip + 12 : ip + 16], pkt[ip + 16 : ip + 20] = (
+            pkt[ip + 16 : ip + 20],
+            pkt[ip + 12 : ip + 16],
+        )
+        pkt[ip + 8] = 64
+        pkt[udp : udp + 2], pkt[udp + 2 : udp + 4] = pkt[udp + 2 : udp + 4], pkt[udp : udp + 2]
+        _U16.pack_into(pkt, udp + 6, 0)
+        pkt[eth : eth + 6], pkt[eth + 6 : eth + 12] = pkt[eth + 6 : eth + 12], pkt[eth : eth + 6]
+        if group != 0:
+            meta.mcast_grp = group
+        else:
+            meta.egress_spec = port
+        meta.done = True
+
+    def _pool_owner(self, pkt: bytearray, ip: int, udp: int, key: int) -> None:
+        """PoolOwner."""
+        call, _ = self.state.lookup(T_POOL_OWNER, (key & (c.POOL_BUCKETS - 1),))
+        if call.action == A_SET_POOL:
+            struct.pack_into("!I", pkt, ip + 16, call.params["pool_ip"])
+            _U16.pack_into(pkt, udp + 6, 0)
+
+    def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
+        """HotMissSketch: count the miss, report the key once per window at the threshold."""
+        call, _ = self.state.lookup(T_SKETCH_CONFIG, ())
+        threshold = call.params.get("threshold", c.HOT_MISS_THRESHOLD) & _MAX24
+        now_us = (self._clock_ns() - self._start_ns) // 1000
+        window = (now_us >> c.SKETCH_WINDOW_SHIFT) & 0xFF
+        estimate = _MAX24 + 1
+        for row_id, row in enumerate(self.regs.cms_rows):
+            index = zlib.crc32(_SKETCH_SEED.pack(tenant, key, row_id)) % c.CMS_WIDTH
+            cell = row[index]
+            if cell >> 24 != window:
+                count = 1
+            elif cell & _MAX24 == _MAX24:
+                count = _MAX24
+            else:
+                count = (cell & _MAX24) + 1
+            row[index] = (window << 24) | count
+            estimate = min(estimate, count)
+        if estimate == threshold:
+            self.state.emit_digest(HOT_DIGEST, (tenant, key, estimate))
+            meta.hot_reported = True
+
+    def _forwarding(self, pkt: bytearray, meta: _Meta, eth: int, ip: int) -> None:
+        """Forwarding: IPv4 LPM or L2 exact."""
+        state = self.state
+        if ip >= 0:
+            if pkt[ip + 8] <= 1:
+                self._drop(meta, c.DROP_TTL_EXPIRED)
+                return
+            dst = struct.unpack_from("!I", pkt, ip + 16)[0]
+            call, _ = state.lookup(T_IPV4_LPM, (dst,))
+            if call.action != A_ROUTE:
+                self._drop(meta, c.DROP_NO_ROUTE)
+                return
+            p = call.params
+            meta.egress_spec = p["port"]
+            pkt[eth + 6 : eth + 12] = p["smac"].to_bytes(6, "big")
+            pkt[eth : eth + 6] = p["dmac"].to_bytes(6, "big")
+            pkt[ip + 8] -= 1
+        else:
+            dst_mac = int.from_bytes(pkt[eth : eth + 6], "big")
+            call, _ = state.lookup(T_L2_FWD, (dst_mac,))
+            if call.action != A_L2_FORWARD:
+                self._drop(meta, c.DROP_NO_ROUTE)
+                return
+            meta.egress_spec = call.params["port"]
+
+    # ------------------------------------------------------------------ egress
+    def _replicate_and_egress(
+        self, port: int, pkt: bytearray, meta: _Meta, kvp: int
+    ) -> list[Output]:
+        if meta.mcast_grp:
+            targets: list[tuple[int, int]] = list(self.state.multicast_group(meta.mcast_grp))
+        elif meta.egress_spec >= 0:
+            targets = [(meta.egress_spec, 0)]
+        else:  # pragma: no cover - every path above sets one or drops
+            return []
+        outputs = []
+        for egress_port, rid in targets:
+            out = bytearray(pkt) if len(targets) > 1 else pkt
+            if rid != 0 and kvp >= 0 and not self._replica(out, kvp, rid):
+                self.state.count(EG_DROPS, c.DROP_NO_ROUTE)
+                continue
+            self._fix_ipv4_checksum(out, kvp)
+            outputs.append(Output(egress_port, bytes(out), port))
+        return outputs
+
+    def _replica(self, pkt: bytearray, kvp: int, rid: int) -> bool:
+        """ReplicaRewrite; False when the replica has no destination (dropped)."""
+        call, _ = self.state.lookup(T_REPLICA, (rid,))
+        if call.action != A_SET_REPLICA_DST:
+            return False
+        p = call.params
+        eth = 0
+        ip = eth + ETH_LEN
+        udp = ip + IPV4_LEN
+        pkt[eth : eth + 6] = p["dmac"].to_bytes(6, "big")
+        struct.pack_into("!I", pkt, ip + 16, p["dip"])
+        _U16.pack_into(pkt, udp + 2, p["dport"])
+        _U16.pack_into(pkt, udp + 6, 0)
+        pkt[kvp + 1] |= c.KVP_FLAG_REPLICA
+        return True
+
+    @staticmethod
+    def _fix_ipv4_checksum(pkt: bytearray, kvp: int) -> None:
+        """KvcastComputeChecksum: recompute the IPv4 checksum of option-less headers."""
+        if len(pkt) < ETH_LEN + IPV4_LEN or pkt[12] != 0x08 or pkt[13] != 0x00:
+            return
+        ip = ETH_LEN
+        if pkt[ip] & 0xF != 5:
+            return
+        hdr = bytes(pkt[ip : ip + 10]) + b"\0\0" + bytes(pkt[ip + 12 : ip + IPV4_LEN])
+        _U16.pack_into(pkt, ip + 10, ipv4_checksum(hdr))

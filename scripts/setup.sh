@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything kvcast needs on a fresh Debian 12 machine: Debian packages (Mininet and the
+# libraries Mooncake Store loads) and a virtual environment in .venv built on Debian's python3,
+# with system site-packages so that Debian's mininet imports inside it.
+# Idempotent: a second run only checks. BMv2 and p4c are NOT installed here (they are optional;
+# see docs/bmv2.md); tests that need them skip with a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(python3-venv python3-dev mininet bridge-utils iputils-ping iproute2 ethtool
+              tcpdump libibverbs1 libnl-3-200 libnl-route-3-200 procps psmisc)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to apt-get install: ${missing[*]}" >&2; exit 1
+  fi
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=/usr/bin/python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv from $PY (with system site-packages for mininet)"
+  "$PY" -m venv --system-site-packages .venv
+fi
+stamp=.venv/.kvcast-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  # The CPU build of torch that lies on disk; an unpinned torch would pull CUDA packages.
+  .venv/bin/pip install -q "torch==2.13.0"
+  .venv/bin/pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
+echo "setup: ok ($(.venv/bin/python --version))"
