@@ -1,0 +1,319 @@
+"""KV-cache layout of one chunk (one prefix block) and its bridge to vLLM's paged KV cache.
+
+A chunk travels and is stored as **one contiguous byte range** laid out as
+
+    [num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]   (row-major, model dtype)
+
+so that fragment *i* of the wire is bytes ``[i*FRAG_BYTES, (i+1)*FRAG_BYTES)`` of that range and
+the fetch client can write every fragment straight into a preallocated tensor at its offset.
+
+Why not vLLM's own layout: vLLM (v1) keeps one tensor per attention layer, shaped
+``[2, num_blocks, block_size, num_kv_heads, head_size]`` (FlashAttention) or
+``[num_blocks, 2, block_size, num_kv_heads, head_size]`` (FlashInfer). One block's KV is thus
+spread over ``num_layers`` tensors (and, for FlashAttention, over two strided halves of each), so
+it is not one byte range. But in both backends the slice of one block of one layer,
+``kv[:, b]`` or ``kv[b]``, is a ``[2, block_size, num_kv_heads, head_size]`` tensor: exactly one
+layer of the chunk layout above. Moving a chunk into the engine is therefore one copy per layer
+(``scatter_to_paged``), and the chunk bytes are the same whichever attention backend runs.
+
+Classes:
+    KVLayout: model dimensions -> bytes per token, chunk bytes, fragment count, tensor views.
+    LayoutError: dimensions or tensors that do not fit the layout or the wire format.
+
+Functions:
+    dtype_from_name: ``"bfloat16"`` -> ``torch.bfloat16``.
+    scatter_to_paged: copy a chunk into a block of vLLM's per-layer paged KV tensors.
+    gather_from_paged: copy a block of vLLM's per-layer paged KV tensors into a chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from kvcast import p4constants as c
+
+MAX_FRAGMENTS = 0xFFFF
+"""``frag_idx`` and ``frag_count`` are 16-bit KVP fields (docs/protocol.md)."""
+
+PagedLayout = Literal["flash_attn", "flashinfer"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "fp8_e5m2": torch.float8_e5m2,
+    "uint8": torch.uint8,
+}
+
+
+class LayoutError(ValueError):
+    """Model dimensions, a tensor or a paged cache that does not fit the chunk layout."""
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from its name as model configs spell it.
+
+    Args:
+        name: ``"bfloat16"``, ``"float16"``, ``"fp8"`` ... or a ``torch.dtype``.
+
+    Returns:
+        The dtype.
+
+    Raises:
+        LayoutError: unknown name.
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[name.lower().removeprefix("torch.")]
+    except KeyError:
+        raise LayoutError(f"unknown KV dtype {name!r}; known: {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The KV layout of one chunk: ``[num_layers, 2, block_size, num_kv_heads, head_dim]``.
+
+    Attributes:
+        num_layers: attention layers holding KV.
+        num_kv_heads: key/value heads per layer (after GQA).
+        head_dim: dimension of one head.
+        dtype: KV cache element type.
+        block_size: tokens per chunk (vLLM's block size).
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.bfloat16
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise LayoutError(f"{name} must be a positive int, got {value!r}")
+        if self.frag_count > MAX_FRAGMENTS:
+            raise LayoutError(
+                f"a {self.block_size}-token chunk is {self.chunk_bytes} bytes = "
+                f"{self.frag_count} fragments of FRAG_BYTES={c.FRAG_BYTES}, more than the "
+                f"{MAX_FRAGMENTS} a 16-bit frag_idx can address; use at most "
+                f"{MAX_FRAGMENTS * c.FRAG_BYTES // self.bytes_per_token} tokens per chunk"
+            )
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Mapping[str, Any], block_size: int = 16, dtype: str | torch.dtype = ""
+    ) -> KVLayout:
+        """The layout of a Hugging Face ``config.json``.
+
+        Args:
+            config: the parsed config (``num_hidden_layers``, ``num_attention_heads``,
+                ``num_key_value_heads`` (defaults to the attention heads), ``head_dim``
+                (defaults to ``hidden_size / num_attention_heads``), ``torch_dtype``).
+            block_size: tokens per chunk.
+            dtype: KV dtype; defaults to the config's ``torch_dtype``, else bfloat16.
+
+        Returns:
+            The layout.
+
+        Raises:
+            LayoutError: a needed field is missing.
+        """
+        try:
+            layers = int(config["num_hidden_layers"])
+            heads = int(config["num_attention_heads"])
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        except KeyError as exc:
+            raise LayoutError(f"model config lacks {exc.args[0]!r}") from None
+        kv_dtype = dtype_from_name(dtype or str(config.get("torch_dtype") or "bfloat16"))
+        return cls(layers, kv_heads, head_dim, kv_dtype, block_size)
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per KV element."""
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def bytes_per_token(self) -> int:
+        """``2 x layers x kv_heads x head_dim x bytes/elem``."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.elem_bytes
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one chunk (one block of ``block_size`` tokens)."""
+        return self.bytes_per_token * self.block_size
+
+    @property
+    def frag_count(self) -> int:
+        """Fragments of ``FRAG_BYTES`` per chunk; the last one may be shorter."""
+        return -(-self.chunk_bytes // c.FRAG_BYTES)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(num_layers, 2, block_size, num_kv_heads, head_dim)``."""
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+
+    def alloc_chunk(self, pin: bool | None = None) -> torch.Tensor:
+        """A fresh uint8 tensor of ``chunk_bytes`` to fetch a chunk into.
+
+        Args:
+            pin: page-lock it for fast host-to-GPU copies; default: when CUDA is available.
+
+        Returns:
+            A contiguous 1-D uint8 CPU tensor (contents undefined).
+        """
+        if pin is None:
+            pin = torch.cuda.is_available()
+        return torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=pin)
+
+    def view(self, chunk: torch.Tensor) -> torch.Tensor:
+        """The typed ``shape`` view of a chunk's bytes (no copy).
+
+        Args:
+            chunk: a contiguous 1-D uint8 tensor of ``chunk_bytes``.
+
+        Returns:
+            A ``dtype`` tensor of ``shape`` sharing ``chunk``'s memory.
+
+        Raises:
+            LayoutError: ``chunk`` is not a contiguous uint8 tensor of ``chunk_bytes``.
+        """
+        self.check_chunk(chunk)
+        return chunk.view(self.dtype).view(self.shape)
+
+    def as_bytes(self, kv: torch.Tensor) -> torch.Tensor:
+        """The uint8 byte view of a typed chunk tensor (no copy).
+
+        Args:
+            kv: a contiguous tensor of ``shape`` and ``dtype``.
+
+        Returns:
+            A 1-D uint8 tensor of ``chunk_bytes`` sharing ``kv``'s memory.
+
+        Raises:
+            LayoutError: wrong shape, dtype or not contiguous.
+        """
+        if tuple(kv.shape) != self.shape or kv.dtype != self.dtype or not kv.is_contiguous():
+            raise LayoutError(
+                f"expected a contiguous {self.dtype} tensor of shape {self.shape}, "
+                f"got {kv.dtype} {tuple(kv.shape)} contiguous={kv.is_contiguous()}"
+            )
+        return kv.view(-1).view(torch.uint8)
+
+    def check_chunk(self, chunk: torch.Tensor) -> None:
+        """Checks that ``chunk`` can hold this layout's bytes.
+
+        Args:
+            chunk: the candidate tensor.
+
+        Raises:
+            LayoutError: not a contiguous 1-D uint8 tensor of ``chunk_bytes``.
+        """
+        if chunk.dtype != torch.uint8 or chunk.dim() != 1 or not chunk.is_contiguous():
+            raise LayoutError(
+                f"a chunk buffer must be a contiguous 1-D uint8 tensor, got {chunk.dtype} "
+                f"of shape {tuple(chunk.shape)}; use KVLayout.alloc_chunk()"
+            )
+        if chunk.numel() != self.chunk_bytes:
+            raise LayoutError(
+                f"chunk buffer has {chunk.numel()} bytes, the layout needs {self.chunk_bytes}"
+            )
+
+    def fragment_range(self, frag_idx: int) -> tuple[int, int]:
+        """Byte range ``[start, end)`` of fragment ``frag_idx`` within the chunk."""
+        start = frag_idx * c.FRAG_BYTES
+        return start, min(start + c.FRAG_BYTES, self.chunk_bytes)
+
+
+def _block_slot(kv_cache: torch.Tensor, block_id: int, paged: PagedLayout) -> torch.Tensor:
+    if paged == "flash_attn":
+        return kv_cache[:, block_id]
+    if paged == "flashinfer":
+        return kv_cache[block_id]
+    raise LayoutError(f"unknown paged layout {paged!r}; use 'flash_attn' or 'flashinfer'")
+
+
+def _check_paged(layout: KVLayout, kv_caches: Sequence[torch.Tensor], paged: PagedLayout) -> None:
+    if len(kv_caches) != layout.num_layers:
+        raise LayoutError(
+            f"{len(kv_caches)} per-layer KV tensors for a {layout.num_layers}-layer layout"
+        )
+    want = (2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+    for i, kv in enumerate(kv_caches):
+        shape = tuple(kv.shape)
+        got = (shape[0], *shape[2:]) if paged == "flash_attn" else shape[1:]
+        if kv.dim() != 5 or got != want or kv.dtype != layout.dtype:
+            raise LayoutError(
+                f"layer {i}: KV tensor {kv.dtype} {shape} does not match the {paged} layout of "
+                f"{layout.dtype} blocks {want} (block dim "
+                f"{'1' if paged == 'flash_attn' else '0'})"
+            )
+
+
+def scatter_to_paged(
+    layout: KVLayout,
+    chunk: torch.Tensor,
+    kv_caches: Sequence[torch.Tensor],
+    block_id: int,
+    paged: PagedLayout = "flash_attn",
+    non_blocking: bool = False,
+) -> None:
+    """Copies a fetched chunk into block ``block_id`` of vLLM's per-layer KV tensors.
+
+    Args:
+        layout: the chunk layout.
+        chunk: the chunk's bytes (1-D uint8 tensor of ``layout.chunk_bytes``).
+        kv_caches: one tensor per layer, ``[2, num_blocks, B, H, D]`` (``"flash_attn"``) or
+            ``[num_blocks, 2, B, H, D]`` (``"flashinfer"``); may live on the GPU.
+        block_id: the engine's block to fill.
+        paged: which of vLLM's paged layouts ``kv_caches`` use.
+        non_blocking: let a pinned-host-to-GPU copy run asynchronously on the current CUDA
+            stream; ``chunk`` must then stay untouched until that stream has synchronized.
+
+    Raises:
+        LayoutError: the tensors do not match the layout.
+    """
+    _check_paged(layout, kv_caches, paged)
+    src = layout.view(chunk)
+    for layer, kv in enumerate(kv_caches):
+        _block_slot(kv, block_id, paged).copy_(src[layer], non_blocking=non_blocking)
+
+
+def gather_from_paged(
+    layout: KVLayout,
+    kv_caches: Sequence[torch.Tensor],
+    block_id: int,
+    chunk: torch.Tensor,
+    paged: PagedLayout = "flash_attn",
+) -> None:
+    """Copies block ``block_id`` of vLLM's per-layer KV tensors into a chunk buffer.
+
+    Args:
+        layout: the chunk layout.
+        kv_caches: one tensor per layer, as for ``scatter_to_paged``.
+        block_id: the engine's block to read.
+        chunk: destination bytes (1-D uint8 tensor of ``layout.chunk_bytes``).
+        paged: which of vLLM's paged layouts ``kv_caches`` use.
+
+    Raises:
+        LayoutError: the tensors do not match the layout.
+    """
+    _check_paged(layout, kv_caches, paged)
+    dst = layout.view(chunk)
+    for layer, kv in enumerate(kv_caches):
+        dst[layer].copy_(_block_slot(kv, block_id, paged))
