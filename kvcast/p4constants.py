@@ -61,7 +61,6 @@ POOL_BUCKETS: Final = 256
 POOL_BUCKET_BITS: Final = 8
 PORT_ENTRIES: Final = 512
 REPLICA_ENTRIES: Final = 1024
-SKETCH_WINDOW_SHIFT: Final = 20
 
 # --- P4Info names (P4Runtime identifies entities by these)
 TABLE_INGRESS_PORT_ROLE_PORT_ROLE: Final = "KvcastIngress.port_role.port_role"
@@ -74,7 +73,7 @@ TABLE_EGRESS_REPLICA_REPLICA_DST: Final = "KvcastEgress.replica.replica_dst"
 ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE: Final = "KvcastIngress.port_role.set_port_role"
 ACTION_INGRESS_CACHE_CACHE_HIT: Final = "KvcastIngress.cache.cache_hit"
 ACTION_INGRESS_CACHE_CACHE_MISS: Final = "KvcastIngress.cache.cache_miss"
-ACTION_INGRESS_HOT_SKETCH_SET_HOT_THRESHOLD: Final = "KvcastIngress.hot_sketch.set_hot_threshold"
+ACTION_INGRESS_HOT_SKETCH_SET_SKETCH_CONFIG: Final = "KvcastIngress.hot_sketch.set_sketch_config"
 ACTION_INGRESS_POOL_OWNER_SET_POOL: Final = "KvcastIngress.pool_owner.set_pool"
 ACTION_NOACTION: Final = "NoAction"
 ACTION_INGRESS_FORWARDING_ROUTE: Final = "KvcastIngress.forwarding.route"
@@ -101,7 +100,7 @@ P4INFO_IDS: Final[dict[str, int]] = {
     "KvcastIngress.port_role.set_port_role": 11,
     "KvcastIngress.cache.cache_hit": 12,
     "KvcastIngress.cache.cache_miss": 13,
-    "KvcastIngress.hot_sketch.set_hot_threshold": 14,
+    "KvcastIngress.hot_sketch.set_sketch_config": 14,
     "KvcastIngress.pool_owner.set_pool": 15,
     "NoAction": 16,
     "KvcastIngress.forwarding.route": 17,

@@ -17,9 +17,7 @@ from __future__ import annotations
 import array
 import logging
 import struct
-import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvcast import p4constants as c
@@ -55,7 +53,7 @@ A_ROUTE = c.ACTION_INGRESS_FORWARDING_ROUTE
 A_L2_FORWARD = c.ACTION_INGRESS_FORWARDING_L2_FORWARD
 A_SET_REPLICA_DST = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
 A_SET_PORT_ROLE = c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE
-A_SET_HOT_THRESHOLD = c.ACTION_INGRESS_HOT_SKETCH_SET_HOT_THRESHOLD
+A_SET_SKETCH_CONFIG = c.ACTION_INGRESS_HOT_SKETCH_SET_SKETCH_CONFIG
 IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
 IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
 EG_DROPS = c.COUNTER_EGRESS_STATS_DROP_COUNTER
@@ -71,7 +69,9 @@ def initial_defaults() -> dict[str, ActionCall]:
     return {
         T_PORT_ROLE: ActionCall(A_SET_PORT_ROLE, {"role": c.PORT_ROLE_HOST}),
         T_CACHE: ActionCall(c.ACTION_INGRESS_CACHE_CACHE_MISS, {}),
-        T_SKETCH_CONFIG: ActionCall(A_SET_HOT_THRESHOLD, {"threshold": c.HOT_MISS_THRESHOLD}),
+        T_SKETCH_CONFIG: ActionCall(
+            A_SET_SKETCH_CONFIG, {"threshold": c.HOT_MISS_THRESHOLD, "window": 0}
+        ),
         T_POOL_OWNER: ActionCall(c.ACTION_NOACTION, {}),
         T_IPV4_LPM: ActionCall(c.ACTION_INGRESS_FORWARDING_NO_ROUTE, {}),
         T_L2_FWD: ActionCall(c.ACTION_INGRESS_FORWARDING_NO_ROUTE, {}),
@@ -160,15 +160,16 @@ class Pipeline:
 
     Args:
         state: table entries, counters, multicast groups, digests.
-        clock_ns: monotonic clock in ns (ingress_global_timestamp is microseconds from start).
     """
 
-    def __init__(self, state: SwitchState, clock_ns: Callable[[], int] = time.monotonic_ns):
+    def __init__(self, state: SwitchState):
         self.state = state
         self.regs = Registers()
-        self._clock_ns = clock_ns
-        self._start_ns = clock_ns()
         self.cpu_port = c.CPU_PORT_NUM
+
+    def reset(self) -> None:
+        """Clears every register, as loading a new program does on BMv2."""
+        self.regs = Registers()
 
     # ------------------------------------------------------------------ parser
     def process(self, ingress_port: int, frame: bytes) -> list[Output]:
@@ -469,9 +470,8 @@ class Pipeline:
     def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
         """HotMissSketch: count the miss, report the key once per window at the threshold."""
         call, _ = self.state.lookup(T_SKETCH_CONFIG, ())
-        threshold = call.params.get("threshold", c.HOT_MISS_THRESHOLD) & _MAX24
-        now_us = (self._clock_ns() - self._start_ns) // 1000
-        window = (now_us >> c.SKETCH_WINDOW_SHIFT) & 0xFF
+        threshold = call.params["threshold"]
+        window = call.params["window"]
         estimate = _MAX24 + 1
         for row_id, row in enumerate(self.regs.cms_rows):
             index = zlib.crc32(_SKETCH_SEED.pack(tenant, key, row_id)) % c.CMS_WIDTH

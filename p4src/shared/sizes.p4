@@ -16,8 +16,6 @@
 #define NUM_FRAG_SLOTS 32768
 #define CACHE_ENTRIES 16384
 #define CPU_PORT_NUM 192
-// Tofino timestamps count nanoseconds: 2^30 ns ~ 1.07 s sketch window.
-#define SKETCH_WINDOW_SHIFT 30
 #else
 // BMv2 has no per-stage register budget; 32 words (256 B) keep the 32 register reads per pass
 // cheap next to BMv2's per-packet overhead, and a GET with its 256 B placeholder stays far under
@@ -32,8 +30,6 @@
 #define CACHE_ENTRIES 4096
 // simple_switch_grpc --cpu-port 255 (the P4Runtime PacketIn/PacketOut port).
 #define CPU_PORT_NUM 255
-// BMv2 timestamps count microseconds: 2^20 us ~ 1.05 s sketch window.
-#define SKETCH_WINDOW_SHIFT 20
 #endif
 
 // Count-min sketch over misses: 3 rows x 4096 32-bit cells (8-bit window id, 24-bit count).

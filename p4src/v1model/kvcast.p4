@@ -106,7 +106,7 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     pool_owner.apply(hdr);
                     count_event(EV_GET_BYPASS);
                 } else {
-                    hot_sketch.apply(hdr, meta, std);
+                    hot_sketch.apply(hdr, meta);
                     pool_owner.apply(hdr);
                     count_event(EV_GET_MISS);
                 }

@@ -34,6 +34,7 @@ struct local_metadata_t {
     slot_index_t slot;
     epoch_t      frag_epoch;
     bit<24>      hot_threshold;
+    bit<8>       sketch_window;
 }
 
 #endif  // _KVCAST_METADATA_P4_

@@ -2,8 +2,10 @@
  * HotMissSketch: a count-min sketch over GET misses that reports an uncached key to the control
  * plane (digest) once per window, when its estimated miss count reaches the threshold. Each cell
  * holds an 8-bit window id above a 24-bit count, so cells age by themselves (a cell last touched
- * in another window restarts at 1) and no control-plane register reset is needed, which BMv2's
- * P4Runtime server could not do anyway.
+ * in another window restarts at 1) and no register reset is needed, which BMv2's P4Runtime
+ * server could not do anyway. The control plane opens a new window by writing a new window id
+ * into sketch_config: windows follow the controller's clock, not the switch's, so their length
+ * is a control-plane setting and a test can hold one window open as long as it needs.
  */
 #ifndef _KVCAST_HOT_SKETCH_P4_
 #define _KVCAST_HOT_SKETCH_P4_
@@ -26,26 +28,27 @@ control SketchRow(in bit<32> index, in bit<8> window, out bit<24> count) {
     }
 }
 
-control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
-                      in standard_metadata_t std) {
+control HotMissSketch(in headers_t hdr, inout local_metadata_t meta) {
     SketchRow() row0;
     SketchRow() row1;
     SketchRow() row2;
 
-    action set_hot_threshold(bit<24> threshold) {
+    action set_sketch_config(bit<24> threshold, bit<8> window) {
         meta.hot_threshold = threshold;
+        meta.sketch_window = window;
     }
 
-    // Keyless: the control plane tunes the threshold by modifying the default action.
+    // Keyless: the control plane sets the threshold and opens windows by modifying the default
+    // action.
     table sketch_config {
-        actions = { set_hot_threshold; }
-        default_action = set_hot_threshold(HOT_MISS_THRESHOLD);
+        actions = { set_sketch_config; }
+        default_action = set_sketch_config(HOT_MISS_THRESHOLD, 0);
         size = 1;
     }
 
     apply {
         sketch_config.apply();
-        bit<8> window = (bit<8>)(std.ingress_global_timestamp >> SKETCH_WINDOW_SHIFT);
+        bit<8> window = meta.sketch_window;
         // Three rows hashed with CRC-32 over the key and a per-row salt byte.
         bit<32> i0;
         bit<32> i1;

@@ -1,0 +1,240 @@
+"""Switch targets as processes: BMv2 (simple_switch_grpc) or the reference target.
+
+Both are started the same way (``PORT@IFNAME`` interfaces, a P4Runtime address, CPU port 255),
+waited for until their gRPC port answers, and given the pipeline over P4Runtime. The Mininet
+switch classes and the benchmarks and conformance tests all start switches through here.
+
+Classes:
+    VethPair / VethPorts: veth pairs whose switch ends a switch process binds, and whose test
+        ends a harness sends and receives raw frames on; removed again on close.
+    SwitchProcess: a running switch (reference target or BMv2) with a connected
+        :class:`~kvcast.p4rt_client.P4RuntimeClient` that installed the pipeline.
+    TargetUnavailableError: the target's binaries or the compiled program are missing.
+
+Functions:
+    bmv2_binary, p4c_binary: where BMv2 and p4c are installed, or None.
+    load_p4info: the committed P4Info of the program.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from finsy.proto import p4i
+from google.protobuf import text_format
+
+from kvcast import p4constants as c
+from kvcast.p4rt_client import P4RuntimeClient
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "p4src" / "build"
+P4INFO_PATH = BUILD / "kvcast.p4info.txtpb"
+BMV2_JSON_PATH = BUILD / "kvcast.json"
+OPT_BIN = Path("/opt/p4/bin")
+
+
+class TargetUnavailableError(RuntimeError):
+    """A switch target cannot run here; the message names what is missing."""
+
+
+def _find(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = OPT_BIN / name
+    return str(candidate) if candidate.exists() else None
+
+
+def bmv2_binary() -> str | None:
+    """Path of simple_switch_grpc, or None."""
+    return _find("simple_switch_grpc")
+
+
+def p4c_binary() -> str | None:
+    """Path of p4c-bm2-ss, or None."""
+    return _find("p4c-bm2-ss")
+
+
+def load_p4info(path: Path = P4INFO_PATH) -> p4i.P4Info:
+    """Reads a text-format P4Info.
+
+    Raises:
+        TargetUnavailableError: the file does not exist.
+    """
+    if not path.exists():
+        raise TargetUnavailableError(f"{path} missing: run `make p4` where p4c-bm2-ss is installed")
+    return text_format.Parse(path.read_text(), p4i.P4Info())
+
+
+def _run(cmd: Sequence[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@dataclass
+class VethPair:
+    """One veth pair: ``switch_if`` is bound by the switch, ``host_if`` by the test."""
+
+    port: int
+    switch_if: str
+    host_if: str
+
+
+class VethPorts:
+    """Creates veth pairs for switch ports; IPv6 is off so the kernel sends nothing on them.
+
+    Args:
+        ports: switch port numbers.
+        prefix: interface name prefix (unique per concurrent user).
+
+    Raises:
+        TargetUnavailableError: not root, or veth cannot be created.
+    """
+
+    def __init__(self, ports: Iterable[int], prefix: str = "kvc"):
+        if os.geteuid() != 0:
+            raise TargetUnavailableError("veth pairs need root (CAP_NET_ADMIN)")
+        self.pairs: dict[int, VethPair] = {}
+        tag = f"{prefix}{os.getpid() % 10000}"
+        try:
+            for port in ports:
+                pair = VethPair(port, f"{tag}s{port}", f"{tag}h{port}")
+                _run(
+                    [
+                        "ip",
+                        "link",
+                        "add",
+                        pair.switch_if,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        pair.host_if,
+                    ]
+                )
+                self.pairs[port] = pair
+                for ifname in (pair.switch_if, pair.host_if):
+                    _run(["sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
+                    _run(["ip", "link", "set", ifname, "mtu", "9000", "up"])
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.close()
+            raise TargetUnavailableError(f"cannot create veth pairs: {exc}") from exc
+
+    def interface_args(self) -> list[str]:
+        """``-i PORT@IFNAME`` arguments for a switch process."""
+        args: list[str] = []
+        for pair in self.pairs.values():
+            args += ["-i", f"{pair.port}@{pair.switch_if}"]
+        return args
+
+    def close(self) -> None:
+        """Deletes every pair (deleting one end removes both)."""
+        for pair in self.pairs.values():
+            subprocess.run(["ip", "link", "del", pair.switch_if], capture_output=True)
+        self.pairs.clear()
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SwitchProcess:
+    """A switch process with its pipeline installed and a primary P4Runtime client.
+
+    Args:
+        kind: ``"refswitch"`` or ``"bmv2"``.
+        interface_args: ``-i PORT@IFNAME`` arguments.
+        log_path: where the process's output goes.
+        device_id: P4Runtime device id.
+
+    Raises:
+        TargetUnavailableError: the target is not installed or the program is not compiled.
+    """
+
+    def __init__(
+        self, kind: str, interface_args: Sequence[str], log_path: Path, device_id: int = 1
+    ):
+        self.kind = kind
+        self.grpc_port = free_tcp_port()
+        self.address = f"127.0.0.1:{self.grpc_port}"
+        p4info = load_p4info()
+        device_config = b""
+        if kind == "bmv2":
+            binary = bmv2_binary()
+            if binary is None:
+                raise TargetUnavailableError("simple_switch_grpc is not installed")
+            if not BMV2_JSON_PATH.exists():
+                raise TargetUnavailableError(f"{BMV2_JSON_PATH} missing: run `make p4`")
+            device_config = BMV2_JSON_PATH.read_bytes()
+            cmd = [
+                binary,
+                "--device-id",
+                str(device_id),
+                *interface_args,
+                "--no-p4",
+                "--",
+                "--grpc-server-addr",
+                self.address,
+                "--cpu-port",
+                str(c.CPU_PORT_NUM),
+            ]
+        elif kind == "refswitch":
+            cmd = [
+                sys.executable,
+                "-m",
+                "refswitch",
+                "--device-id",
+                str(device_id),
+                *interface_args,
+                "--grpc-server-addr",
+                self.address,
+                "--log-level",
+                "WARNING",
+            ]
+        else:
+            raise ValueError(f"unknown switch kind {kind!r}")
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.client = P4RuntimeClient(self.address, device_id=device_id, election_id=10)
+        try:
+            self._wait_listening(30.0)
+            self.client.connect()
+            self.client.set_pipeline(p4info, device_config)
+        except Exception:
+            self.close()
+            raise
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TargetUnavailableError(
+                    f"{self.kind} exited with {self.proc.returncode}; see {self._log.name}"
+                )
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.grpc_port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise TargetUnavailableError(f"{self.kind} did not open {self.address} in {timeout} s")
+
+    def close(self) -> None:
+        """Stops the client and the process (SIGTERM, then SIGKILL)."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

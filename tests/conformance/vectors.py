@@ -1,0 +1,545 @@
+"""Packet-level conformance vectors for every kvcast switch target.
+
+A vector is a list of steps: a frame sent on a port (or as a PacketOut from the controller),
+the frames expected out on which ports (or as PacketIns), the counter changes and the digests.
+Expected frames are built from the protocol specification with kvcast.wire, never by running a
+target. The same vectors run against the reference target and BMv2 (tests/conformance).
+
+The base program (:func:`program_switch`) is installed once per target: four ports (three hosts
+and a pool node), routes, a multicast group, and one chunk loaded through WRITE PacketOuts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvcast import p4constants as c
+from kvcast import wire
+from kvcast.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.wire import KvpHeader
+
+CPU = c.CPU_PORT_NUM
+SWITCH_MAC = "02:00:00:00:00:fe"
+VIP = "10.0.100.1"
+HOSTS = {i: (f"00:00:00:00:00:0{i}", f"10.0.0.{i}", 40000 + i) for i in (1, 2, 3)}
+POOL_PORT = 4
+POOL_MAC, POOL_IP = "00:00:00:00:01:01", "10.0.1.1"
+GROUP = 7
+GROUP_BROKEN = 8  # one replica id has no replica_dst entry
+TENANT = 1
+
+# The chunk loaded by program_switch: three fragments, the last one short.
+CHUNK_KEY = 0x1122334455667788
+CHUNK_BASE = 16
+CHUNK_EPOCH = 5
+CHUNK_FRAGS = [
+    bytes((i * 7 + j) % 251 for j in range(n))
+    for i, n in enumerate((c.FRAG_BYTES, c.FRAG_BYTES, 100))
+]
+# A chunk whose entry names an epoch its slot was not written with.
+STALE_KEY, STALE_BASE, STALE_ENTRY_EPOCH, STALE_SLOT_EPOCH = 0x5555, 40, 9, 8
+HOT_TENANT, HOT_KEY, HOT_THRESHOLD = 2, 0xABCDEF0123, 3
+
+IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
+IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
+EG_DROPS = c.COUNTER_EGRESS_STATS_DROP_COUNTER
+COUNTERS = (IG_DROPS, IG_EVENTS, EG_DROPS)
+
+
+@dataclass
+class Step:
+    """One packet in, what must come out.
+
+    Attributes:
+        port: ingress port; ``CPU`` sends the frame as a PacketOut with ``out_port`` metadata.
+        frame: the frame sent.
+        expect: (port, frame) expected out, any order; ``CPU`` is a PacketIn.
+        counters: (counter, index) -> expected change.
+        digests: expected hot-miss digest rows (tenant, key, estimate).
+        out_port: packet_out egress_port metadata for CPU steps.
+    """
+
+    port: int
+    frame: bytes
+    expect: list[tuple[int, bytes]] = field(default_factory=list)
+    counters: dict[tuple[str, int], int] = field(default_factory=dict)
+    digests: list[tuple[int, int, int]] = field(default_factory=list)
+    out_port: int = 0
+
+
+@dataclass
+class Vector:
+    """A named sequence of steps."""
+
+    name: str
+    steps: list[Step]
+    setup: Callable[[P4RuntimeClient], None] | None = None
+
+
+def drop(reason: int) -> dict[tuple[str, int], int]:
+    """Counter change of one ingress drop."""
+    return {(IG_DROPS, reason): 1}
+
+
+def event(ev: int) -> dict[tuple[str, int], int]:
+    """Counter change of one KVP event."""
+    return {(IG_EVENTS, ev): 1}
+
+
+def host_frame(
+    i: int, dst_ip: str, payload: bytes, dport: int = c.KVP_UDP_PORT, ttl: int = 64
+) -> bytes:
+    """A frame from host i to the switch's MAC."""
+    mac, ip, port = HOSTS[i]
+    return wire.udp_frame(mac, SWITCH_MAC, ip, dst_ip, port, dport, payload, ttl=ttl)
+
+
+def pool_frame(dst_host: int, payload: bytes) -> bytes:
+    """A frame from the pool node to host ``dst_host``'s agent."""
+    _, ip, port = HOSTS[dst_host]
+    return wire.udp_frame(POOL_MAC, SWITCH_MAC, POOL_IP, ip, c.KVP_UDP_PORT, port, payload)
+
+
+def routed(frame: bytes, port: int, dmac: str) -> tuple[int, bytes]:
+    """What L3 forwarding makes of ``frame``: new MACs, TTL - 1, new IPv4 checksum."""
+    out = bytearray(frame)
+    out[0:6] = wire.mac_bytes(dmac)
+    out[6:12] = wire.mac_bytes(SWITCH_MAC)
+    out[22] -= 1
+    _fix_checksum(out)
+    return port, bytes(out)
+
+
+def _fix_checksum(out: bytearray) -> None:
+    out[24:26] = b"\0\0"
+    out[24:26] = wire.ipv4_checksum(bytes(out[14:34])).to_bytes(2, "big")
+
+
+def hit_reply(i: int, frag_idx: int, req_id: int, flags: int = 0, group: int = 0) -> bytes:
+    """The DATA the switch makes of host i's GET for fragment ``frag_idx`` of the chunk."""
+    mac, ip, port = HOSTS[i]
+    data = CHUNK_FRAGS[frag_idx]
+    hdr = KvpHeader(
+        c.KVP_OP_DATA,
+        flags=c.KVP_FLAG_HIT | flags,
+        tenant=TENANT,
+        group=group,
+        key=CHUNK_KEY,
+        req_id=req_id,
+        epoch=CHUNK_EPOCH,
+        frag_idx=frag_idx,
+        frag_count=len(CHUNK_FRAGS),
+        payload_len=len(data),
+        crc=wire.fragment_crc(TENANT, CHUNK_KEY, frag_idx, data),
+    )
+    payload = hdr.pack() + data + bytes(c.FRAG_BYTES - len(data))
+    return wire.udp_frame(SWITCH_MAC, mac, VIP, ip, c.KVP_UDP_PORT, port, payload)
+
+
+def replica(frame: bytes, i: int) -> tuple[int, bytes]:
+    """Egress rewrite of a multicast replica for host i (as set in replica_dst)."""
+    mac, ip, port = HOSTS[i]
+    out = bytearray(frame)
+    out[0:6] = wire.mac_bytes(mac)
+    out[30:34] = wire.ip_bytes(ip)
+    out[36:38] = port.to_bytes(2, "big")
+    out[40:42] = b"\0\0"
+    out[42 + 1] |= c.KVP_FLAG_REPLICA
+    _fix_checksum(out)
+    return i, bytes(out)
+
+
+def write_frame(
+    key: int, frag_idx: int, slot: int, epoch: int, data: bytes, tenant: int = TENANT
+) -> bytes:
+    """A controller WRITE frame (sent as a PacketOut)."""
+    payload = wire.write_message(tenant, key, frag_idx, slot, epoch, data, req_id=slot)
+    return wire.udp_frame(SWITCH_MAC, SWITCH_MAC, VIP, VIP, c.KVP_UDP_PORT, c.KVP_UDP_PORT, payload)
+
+
+def write_ack(frame: bytes) -> tuple[int, bytes]:
+    """The PacketIn acknowledging a WRITE frame: op changed, fragment stripped, lengths cut."""
+    out = bytearray(frame[: wire.FRAME_KVP_OFFSET + c.KVP_HDR_BYTES])
+    out[wire.FRAME_KVP_OFFSET] = (out[wire.FRAME_KVP_OFFSET] & 0xF0) | c.KVP_OP_WRITE_ACK
+    out[16:18] = (int.from_bytes(out[16:18], "big") - c.FRAG_BYTES).to_bytes(2, "big")
+    out[38:40] = (int.from_bytes(out[38:40], "big") - c.FRAG_BYTES).to_bytes(2, "big")
+    out[40:42] = b"\0\0"
+    _fix_checksum(out)
+    return CPU, bytes(out)
+
+
+def program_switch(client: P4RuntimeClient) -> None:
+    """Installs the base program every vector assumes, loading the chunk with WRITEs.
+
+    Raises:
+        AssertionError: a WRITE was not acknowledged as specified.
+    """
+    t = c
+    for i, (mac, ip, _) in HOSTS.items():
+        client.insert(
+            t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
+            {"dst_addr": Lpm(_ip(ip), 32)},
+            t.ACTION_INGRESS_FORWARDING_ROUTE,
+            {"port": i, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
+        )
+        client.insert(
+            t.TABLE_INGRESS_FORWARDING_L2_FWD,
+            {"dst_addr": _mac(mac)},
+            t.ACTION_INGRESS_FORWARDING_L2_FORWARD,
+            {"port": i},
+        )
+        client.insert(
+            t.TABLE_EGRESS_REPLICA_REPLICA_DST,
+            {"rid": i},
+            t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
+            {"dmac": _mac(mac), "dip": _ip(ip), "dport": HOSTS[i][2]},
+        )
+    client.insert(
+        t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
+        {"dst_addr": Lpm(_ip("10.0.1.0"), 24)},
+        t.ACTION_INGRESS_FORWARDING_ROUTE,
+        {"port": POOL_PORT, "smac": _mac(SWITCH_MAC), "dmac": _mac(POOL_MAC)},
+    )
+    client.insert(
+        t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+        {"port": POOL_PORT},
+        t.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+        {"role": c.PORT_ROLE_POOL},
+    )
+    updates = []
+    for bucket in range(c.POOL_BUCKETS):
+        from finsy.proto import p4r
+
+        upd = p4r.Update(type=p4r.Update.INSERT)
+        upd.entity.table_entry.CopyFrom(
+            client.table_entry(
+                t.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
+                {"bucket": bucket},
+                t.ACTION_INGRESS_POOL_OWNER_SET_POOL,
+                {"pool_ip": _ip(POOL_IP)},
+            )
+        )
+        updates.append(upd)
+    client.write(updates)
+    client.multicast_group(GROUP, [(i, i) for i in HOSTS])
+    client.multicast_group(GROUP_BROKEN, [(1, 1), (2, 99)])
+    client.set_default(
+        t.TABLE_INGRESS_HOT_SKETCH_SKETCH_CONFIG,
+        t.ACTION_INGRESS_HOT_SKETCH_SET_SKETCH_CONFIG,
+        {"threshold": HOT_THRESHOLD, "window": 1},
+    )
+    client.configure_digest(t.DIGEST_HOT_MISS_DIGEST_T)
+    # The safe load order: fragments first (acknowledged), then the entry.
+    for idx, data in enumerate(CHUNK_FRAGS):
+        frame = write_frame(CHUNK_KEY, idx, CHUNK_BASE + idx, CHUNK_EPOCH, data)
+        client.packet_out(frame)
+        got, md = client.wait_packet_in(timeout=5)
+        assert (CPU, got) == write_ack(frame), "WRITE_ACK differs from the specification"
+        assert md.get("ingress_port") == CPU
+    client.insert(
+        t.TABLE_INGRESS_CACHE_CACHE_TABLE,
+        {"tenant": TENANT, "key": CHUNK_KEY},
+        t.ACTION_INGRESS_CACHE_CACHE_HIT,
+        {"slot_base": CHUNK_BASE, "frag_count": len(CHUNK_FRAGS), "epoch": CHUNK_EPOCH},
+    )
+    stale = write_frame(STALE_KEY, 0, STALE_BASE, STALE_SLOT_EPOCH, b"stale")
+    client.packet_out(stale)
+    client.wait_packet_in(timeout=5)
+    client.insert(
+        t.TABLE_INGRESS_CACHE_CACHE_TABLE,
+        {"tenant": TENANT, "key": STALE_KEY},
+        t.ACTION_INGRESS_CACHE_CACHE_HIT,
+        {"slot_base": STALE_BASE, "frag_count": 1, "epoch": STALE_ENTRY_EPOCH},
+    )
+
+
+def _mac(text: str) -> int:
+    return int.from_bytes(wire.mac_bytes(text), "big")
+
+
+def _ip(text: str) -> int:
+    return int.from_bytes(wire.ip_bytes(text), "big")
+
+
+def _get(
+    i: int,
+    key: int,
+    frag_idx: int,
+    req_id: int,
+    group: int = 0,
+    flags: int = 0,
+    tenant: int = TENANT,
+) -> bytes:
+    return host_frame(i, VIP, wire.get_message(tenant, key, frag_idx, req_id, group, flags))
+
+
+def _pool_get(frame: bytes) -> tuple[int, bytes]:
+    """A GET that missed: destination rewritten to the pool owner, UDP checksum 0, routed."""
+    out = bytearray(frame)
+    out[30:34] = wire.ip_bytes(POOL_IP)
+    out[40:42] = b"\0\0"
+    return routed(bytes(out), POOL_PORT, POOL_MAC)
+
+
+def _mutate(frame: bytes, offset: int, value: bytes, fix_checksum: bool = True) -> bytes:
+    out = bytearray(frame)
+    out[offset : offset + len(value)] = value
+    if fix_checksum:
+        _fix_checksum(out)
+    return bytes(out)
+
+
+def build_vectors() -> list[Vector]:
+    """Every conformance vector."""
+    k = wire.FRAME_KVP_OFFSET
+    v: list[Vector] = []
+
+    plain = host_frame(1, HOSTS[2][1], b"hello", dport=5000)
+    v.append(Vector("non_kvp_udp_is_routed", [Step(1, plain, [routed(plain, 2, HOSTS[2][0])])]))
+    arp_like = wire.mac_bytes(HOSTS[3][0]) + wire.mac_bytes(HOSTS[1][0]) + b"\x08\x06" + bytes(46)
+    v.append(Vector("non_ip_frame_is_switched_by_mac", [Step(1, arp_like, [(3, arp_like)])]))
+    nowhere = host_frame(1, "10.9.9.9", b"x", dport=5000)
+    v.append(Vector("ip_without_route_is_dropped", [Step(1, nowhere, [], drop(c.DROP_NO_ROUTE))]))
+    ttl1 = host_frame(1, HOSTS[2][1], b"x", dport=5000, ttl=1)
+    v.append(Vector("ttl_expiry_is_dropped", [Step(1, ttl1, [], drop(c.DROP_TTL_EXPIRED))]))
+    bad_sum = _mutate(plain, 24, b"\xde\xad", fix_checksum=False)
+    v.append(
+        Vector("bad_ipv4_checksum_is_malformed", [Step(1, bad_sum, [], drop(c.DROP_MALFORMED))])
+    )
+    options = _mutate(plain, 14, b"\x46")
+    v.append(Vector("ipv4_options_are_malformed", [Step(1, options, [], drop(c.DROP_MALFORMED))]))
+    truncated_ip = plain[: 14 + 12]
+    v.append(
+        Vector("truncated_ipv4_is_malformed", [Step(1, truncated_ip, [], drop(c.DROP_MALFORMED))])
+    )
+
+    get0 = _get(1, CHUNK_KEY, 0, req_id=11)
+    v.append(
+        Vector(
+            "get_hit_is_answered_from_sram",
+            [Step(1, get0, [(1, hit_reply(1, 0, 11))], event(c.EV_GET_HIT))],
+        )
+    )
+    get2 = _get(2, CHUNK_KEY, 2, req_id=12)
+    v.append(
+        Vector(
+            "get_hit_on_short_last_fragment",
+            [Step(2, get2, [(2, hit_reply(2, 2, 12))], event(c.EV_GET_HIT))],
+        )
+    )
+    getg = _get(1, CHUNK_KEY, 1, req_id=13, group=GROUP)
+    base_reply = hit_reply(1, 1, 13, group=GROUP)
+    v.append(
+        Vector(
+            "get_hit_with_group_is_multicast_to_every_member",
+            [Step(1, getg, [replica(base_reply, i) for i in HOSTS], event(c.EV_GET_HIT))],
+        )
+    )
+    getb = _get(1, CHUNK_KEY, 0, req_id=14, group=GROUP_BROKEN)
+    v.append(
+        Vector(
+            "replica_without_destination_is_dropped_in_egress",
+            [
+                Step(
+                    1,
+                    getb,
+                    [replica(hit_reply(1, 0, 14, group=GROUP_BROKEN), 1)],
+                    {(IG_EVENTS, c.EV_GET_HIT): 1, (EG_DROPS, c.DROP_NO_ROUTE): 1},
+                )
+            ],
+        )
+    )
+    miss = _get(3, 0x0BADC0DE, 0, req_id=15)
+    v.append(
+        Vector(
+            "get_miss_goes_to_the_pool_owner",
+            [Step(3, miss, [_pool_get(miss)], event(c.EV_GET_MISS))],
+        )
+    )
+    bypass = _get(3, CHUNK_KEY, 0, req_id=16, flags=c.KVP_FLAG_NOCACHE)
+    v.append(
+        Vector(
+            "nocache_get_bypasses_the_cache",
+            [Step(3, bypass, [_pool_get(bypass)], event(c.EV_GET_BYPASS))],
+        )
+    )
+    other_tenant = _get(3, CHUNK_KEY, 0, req_id=17, tenant=TENANT + 1)
+    v.append(
+        Vector(
+            "get_of_another_tenant_misses",
+            [Step(3, other_tenant, [_pool_get(other_tenant)], event(c.EV_GET_MISS))],
+        )
+    )
+    beyond = _get(1, CHUNK_KEY, len(CHUNK_FRAGS), req_id=18)
+    v.append(
+        Vector(
+            "fragment_index_beyond_chunk_is_dropped",
+            [Step(1, beyond, [], drop(c.DROP_BAD_FRAGMENT))],
+        )
+    )
+    stale = _get(1, STALE_KEY, 0, req_id=19)
+    v.append(Vector("stale_epoch_is_never_served", [Step(1, stale, [], drop(c.DROP_BAD_EPOCH))]))
+
+    new_data = bytes(range(200))
+    wr = write_frame(0x77, 0, 100, 3, new_data)
+    v.append(
+        Vector(
+            "write_from_cpu_port_is_stored_and_acknowledged",
+            [Step(CPU, wr, [write_ack(wr)], event(c.EV_WRITE))],
+        )
+    )
+    wr_host = host_frame(
+        2, VIP, wire.write_message(TENANT, CHUNK_KEY, 0, CHUNK_BASE, CHUNK_EPOCH, b"poison")
+    )
+    v.append(
+        Vector(
+            "write_from_host_port_is_refused",
+            [
+                Step(2, wr_host, [], drop(c.DROP_UNAUTHORIZED)),
+                Step(1, get0, [(1, hit_reply(1, 0, 11))], event(c.EV_GET_HIT)),
+            ],
+        )
+    )
+    wr_far = write_frame(0x78, 0, c.NUM_FRAG_SLOTS, 3, b"x")
+    v.append(
+        Vector(
+            "write_beyond_slot_array_is_dropped", [Step(CPU, wr_far, [], drop(c.DROP_BAD_FRAGMENT))]
+        )
+    )
+    direct = host_frame(1, HOSTS[2][1], b"raw", dport=5000)
+    v.append(
+        Vector(
+            "packet_out_with_port_goes_straight_out",
+            [Step(CPU, direct, [(2, direct)], {}, out_port=2)],
+        )
+    )
+
+    data_g = pool_frame(1, wire.data_message(TENANT, 0x99, 0, 1, b"pooldata", group=GROUP))
+    v.append(
+        Vector(
+            "pool_data_with_group_is_multicast",
+            [Step(POOL_PORT, data_g, [replica(data_g, i) for i in HOSTS], event(c.EV_DATA_MCAST))],
+        )
+    )
+    data_host = host_frame(
+        1, HOSTS[2][1], wire.data_message(TENANT, 0x99, 0, 1, b"evil", group=GROUP)
+    )
+    v.append(
+        Vector(
+            "host_data_with_group_is_refused", [Step(1, data_host, [], drop(c.DROP_UNAUTHORIZED))]
+        )
+    )
+    data_u = pool_frame(2, wire.data_message(TENANT, 0x99, 0, 1, b"unicast"))
+    v.append(
+        Vector(
+            "pool_data_without_group_is_routed",
+            [Step(POOL_PORT, data_u, [routed(data_u, 2, HOSTS[2][0])], event(c.EV_DATA_UNICAST))],
+        )
+    )
+    nack = pool_frame(
+        3, wire.nack_message(KvpHeader(c.KVP_OP_GET, key=0x42, req_id=5), c.KVP_STATUS_NOT_FOUND)
+    )
+    v.append(Vector("pool_nack_is_routed", [Step(POOL_PORT, nack, [routed(nack, 3, HOSTS[3][0])])]))
+    ack_host = host_frame(1, VIP, KvpHeader(c.KVP_OP_WRITE_ACK).pack())
+    v.append(
+        Vector("write_ack_from_host_is_refused", [Step(1, ack_host, [], drop(c.DROP_UNAUTHORIZED))])
+    )
+
+    v.append(
+        Vector(
+            "truncated_kvp_header_is_malformed",
+            [Step(1, _truncate_udp(get0, k + 20), [], drop(c.DROP_MALFORMED))],
+        )
+    )
+    v.append(
+        Vector(
+            "get_without_placeholder_is_malformed",
+            [
+                Step(
+                    1,
+                    host_frame(1, VIP, wire.get_message(TENANT, CHUNK_KEY, 0)[: c.KVP_HDR_BYTES]),
+                    [],
+                    drop(c.DROP_MALFORMED),
+                )
+            ],
+        )
+    )
+    v.append(
+        Vector(
+            "get_with_short_placeholder_is_malformed",
+            [
+                Step(
+                    1,
+                    host_frame(1, VIP, wire.get_message(TENANT, CHUNK_KEY, 0)[:-8]),
+                    [],
+                    drop(c.DROP_MALFORMED),
+                )
+            ],
+        )
+    )
+    v.append(
+        Vector(
+            "bad_version_is_malformed",
+            [
+                Step(
+                    1,
+                    _mutate(get0, k, bytes([(2 << 4) | c.KVP_OP_GET])),
+                    [],
+                    drop(c.DROP_MALFORMED),
+                )
+            ],
+        )
+    )
+    v.append(
+        Vector(
+            "unknown_op_is_malformed",
+            [Step(1, _mutate(get0, k, bytes([(1 << 4) | 9])), [], drop(c.DROP_MALFORMED))],
+        )
+    )
+    v.append(
+        Vector(
+            "udp_length_disagreeing_with_ip_is_malformed",
+            [Step(1, _mutate(get0, 38, (8 + 40).to_bytes(2, "big")), [], drop(c.DROP_MALFORMED))],
+        )
+    )
+    lying = pool_frame(2, wire.data_message(TENANT, 0x99, 0, 1, b"short"))
+    v.append(
+        Vector(
+            "data_claiming_more_payload_than_sent_is_malformed",
+            [
+                Step(
+                    POOL_PORT,
+                    _mutate(lying, k + 28, (999).to_bytes(2, "big")),
+                    [],
+                    drop(c.DROP_MALFORMED),
+                )
+            ],
+        )
+    )
+
+    hot = _get(3, HOT_KEY, 0, req_id=20, tenant=HOT_TENANT)
+    hot_steps = [
+        Step(3, hot, [_pool_get(hot)], event(c.EV_GET_MISS)) for _ in range(HOT_THRESHOLD + 2)
+    ]
+    hot_steps[HOT_THRESHOLD - 1] = Step(
+        3,
+        hot,
+        [_pool_get(hot)],
+        {(IG_EVENTS, c.EV_GET_MISS): 1, (IG_EVENTS, c.EV_HOT_DIGEST): 1},
+        digests=[(HOT_TENANT, HOT_KEY, HOT_THRESHOLD)],
+    )
+    v.append(Vector("hot_uncached_key_is_reported_once", hot_steps))
+    return v
+
+
+def _truncate_udp(frame: bytes, length: int) -> bytes:
+    """Cuts a frame after ``length`` bytes with consistent IPv4/UDP lengths."""
+    out = bytearray(frame[:length])
+    out[16:18] = (length - 14).to_bytes(2, "big")
+    out[38:40] = (length - 34).to_bytes(2, "big")
+    _fix_checksum(out)
+    return bytes(out)
+
+
+VECTORS = build_vectors()
