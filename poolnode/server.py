@@ -1,0 +1,455 @@
+"""The pool-node KVP server: answers GETs for chunk fragments from a ``PoolBackend``.
+
+A GET reaches a pool node when the switch misses (or the GET carries ``NOCACHE``) and rewrites
+its destination to the key's pool owner, or when a host asks the pool directly. For
+``GET(tenant, key, frag_idx, count)`` the node sends DATA messages covering fragments
+``frag_idx .. frag_idx + count - 1``, several consecutive fragments per DATA up to the MTU, with
+flag ``POOL``, the GET's ``group`` and ``req_id``, and a CRC per DATA (``kvcast.wire``), to the
+GET's source address (the requester's ip:port: the switch rewrote only the destination). It
+answers ``NACK NOT_FOUND`` for an unknown chunk, ``NACK BAD_REQUEST`` for a fragment range
+outside the chunk or a GET without its one-fragment placeholder, and ``NACK UNAVAILABLE`` when
+the backend fails. Datagrams that are not KVP at all are counted and dropped; nothing a peer
+sends can stop the server.
+
+Classes:
+    ServerStats: counters of everything the server received, sent, refused and dropped.
+    ChunkCache: a byte-bounded LRU of recently served chunks, so a burst of GETs for one chunk
+        reads the backend once.
+    KvpGetHandler: the protocol logic, transport-free: one datagram in, the replies out.
+    PoolServer: a UDP socket loop in a thread (``start``/``stop``) or in the caller
+        (``serve_forever``).
+    AsyncPoolServerProtocol: the same handler as an asyncio ``DatagramProtocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any, cast
+
+from kvcast import p4constants as c
+from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
+from poolnode.backend import PoolBackend, PoolBackendError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MTU = 1500
+"""Ethernet MTU the default DATA size fits in (IPv4 + UDP + KVP header + fragments)."""
+
+_GET_BYTES = c.KVP_HDR_BYTES + c.FRAG_BYTES
+_DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
+_EMPTY = memoryview(b"")
+
+Reply = tuple[bytes, memoryview]
+"""One datagram to send: the KVP header and the payload (empty for a NACK)."""
+
+
+def frags_per_data(mtu: int) -> int:
+    """Fragments one DATA can carry within an IP MTU.
+
+    Args:
+        mtu: IP MTU in bytes (1500 for Ethernet).
+
+    Returns:
+        ``(mtu - IPv4 - UDP - KVP header) // FRAG_BYTES``.
+
+    Raises:
+        ValueError: the MTU cannot carry even one fragment.
+    """
+    n = (mtu - c.IPV4_HDR_BYTES - c.UDP_HDR_BYTES - c.KVP_HDR_BYTES) // c.FRAG_BYTES
+    if n < 1:
+        raise ValueError(
+            f"an MTU of {mtu} cannot carry one {c.FRAG_BYTES}-byte fragment with its headers"
+        )
+    return n
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """What a pool-node server saw and did (monotonic counters)."""
+
+    datagrams: int = 0
+    gets: int = 0
+    data_sent: int = 0
+    bytes_sent: int = 0
+    nack_not_found: int = 0
+    nack_bad_request: int = 0
+    nack_unavailable: int = 0
+    malformed: int = 0
+    unexpected_op: int = 0
+    cache_hits: int = 0
+    backend_reads: int = 0
+    send_errors: int = 0
+    internal_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name."""
+        return asdict(self)
+
+
+class ChunkCache:
+    """Recently served chunks, least recently used evicted first, bounded in bytes.
+
+    Keys are content hashes, so a cached chunk never goes stale; a deleted one may be served
+    until it is evicted or invalidated.
+
+    Args:
+        max_bytes: total size bound; 0 disables caching.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._items: OrderedDict[tuple[int, int], memoryview] = OrderedDict()
+
+    def get(self, tenant: int, key: int) -> memoryview | None:
+        """The cached chunk, marked as recently used, or ``None``."""
+        item = self._items.get((tenant, key))
+        if item is not None:
+            self._items.move_to_end((tenant, key))
+        return item
+
+    def put(self, tenant: int, key: int, data: memoryview) -> None:
+        """Caches a chunk unless it alone exceeds the bound; evicts the least recently used."""
+        if len(data) > self.max_bytes:
+            return
+        old = self._items.pop((tenant, key), None)
+        if old is not None:
+            self.used -= len(old)
+        self._items[(tenant, key)] = data
+        self.used += len(data)
+        while self.used > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self.used -= len(evicted)
+
+    def invalidate(self, tenant: int, key: int) -> None:
+        """Forgets a chunk."""
+        old = self._items.pop((tenant, key), None)
+        if old is not None:
+            self.used -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class KvpGetHandler:
+    """The pool node's protocol logic, independent of the transport.
+
+    Args:
+        backend: where chunks are read from.
+        mtu: IP MTU the DATA messages must fit in.
+        cache_bytes: size of the recently-served chunk cache (0: read the backend per GET).
+        stats: counters to update (a fresh ``ServerStats`` by default).
+
+    Raises:
+        ValueError: the MTU cannot carry one fragment.
+    """
+
+    def __init__(
+        self,
+        backend: PoolBackend,
+        mtu: int = DEFAULT_MTU,
+        cache_bytes: int = 64 << 20,
+        stats: ServerStats | None = None,
+    ) -> None:
+        self.backend = backend
+        self.frags_per_data = frags_per_data(mtu)
+        self.cache = ChunkCache(cache_bytes)
+        self.stats = stats or ServerStats()
+
+    def _read(self, tenant: int, key: int) -> memoryview | None:
+        chunk = self.cache.get(tenant, key)
+        if chunk is not None:
+            self.stats.cache_hits += 1
+            return chunk
+        self.stats.backend_reads += 1
+        size = self.backend.size(tenant, key)
+        if size is None:
+            return None
+        buf = memoryview(bytearray(size))
+        n = self.backend.get_into(tenant, key, buf)
+        if n is None:
+            return None
+        chunk = buf[:n]
+        self.cache.put(tenant, key, chunk)
+        return chunk
+
+    def handle(self, datagram: bytes | bytearray | memoryview) -> list[Reply]:
+        """Answers one datagram.
+
+        Args:
+            datagram: the UDP payload received.
+
+        Returns:
+            The datagrams to send back to the sender, in order (none for a dropped datagram).
+        """
+        stats = self.stats
+        stats.datagrams += 1
+        if len(datagram) < c.KVP_HDR_BYTES:
+            stats.malformed += 1
+            return []
+        (vo, flags, _st, _r0, tenant, group, key, req_id, _ep, frag_idx, count, *_rest) = (
+            KVP_STRUCT.unpack_from(datagram)
+        )
+        op = vo & 0xF
+        if vo >> 4 != c.KVP_VERSION or op not in VALID_OPS:
+            stats.malformed += 1
+            return []
+        if op != c.KVP_OP_GET:
+            stats.unexpected_op += 1
+            return []
+        stats.gets += 1
+        request = KvpHeader(
+            op, flags, 0, tenant, group, key, req_id, frag_idx=frag_idx, frag_count=count
+        )
+        if len(datagram) != _GET_BYTES:
+            return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        try:
+            chunk = self._read(tenant, key)
+        except (PoolBackendError, ValueError) as exc:
+            log.warning("backend read of tenant %d key %#x failed: %s", tenant, key, exc)
+            return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
+        if chunk is None:
+            return self._nack(request, c.KVP_STATUS_NOT_FOUND)
+        size = len(chunk)
+        nfrags = -(-size // c.FRAG_BYTES)
+        end = frag_idx + count
+        if count == 0 or end > nfrags:
+            return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        replies: list[Reply] = []
+        step = self.frags_per_data
+        for first in range(frag_idx, end, step):
+            lo = first * c.FRAG_BYTES
+            hi = min(min(first + step, end) * c.FRAG_BYTES, size)
+            payload = chunk[lo:hi]
+            header = KVP_STRUCT.pack(
+                _DATA_VO,
+                c.KVP_FLAG_POOL,
+                c.KVP_STATUS_OK,
+                0,
+                tenant,
+                group,
+                key,
+                req_id,
+                0,
+                first,
+                nfrags,
+                hi - lo,
+                0,
+                0,
+                fragment_crc(tenant, key, first, payload),
+            )
+            replies.append((header, payload))
+        stats.data_sent += len(replies)
+        return replies
+
+    def _nack(self, request: KvpHeader, status: int) -> list[Reply]:
+        if status == c.KVP_STATUS_NOT_FOUND:
+            self.stats.nack_not_found += 1
+        elif status == c.KVP_STATUS_BAD_REQUEST:
+            self.stats.nack_bad_request += 1
+        else:
+            self.stats.nack_unavailable += 1
+        return [(nack_message(request, status), _EMPTY)]
+
+
+class PoolServer:
+    """A pool node's UDP server: a blocking socket loop that answers KVP GETs.
+
+    ``start()`` runs the loop in a daemon thread (tests, embedding); ``serve_forever()`` runs it
+    in the calling thread (the ``python -m poolnode`` daemon). Replies are sent with one
+    ``sendmsg`` of header and payload view, so a fragment is not copied in Python.
+
+    Args:
+        backend: where chunks are read from.
+        host: address to bind.
+        port: UDP port (0: an ephemeral one, see ``address``).
+        mtu: IP MTU the DATA messages must fit in.
+        cache_bytes: size of the recently-served chunk cache.
+        socket_buffer_bytes: SO_RCVBUF/SO_SNDBUF to ask for.
+    """
+
+    def __init__(
+        self,
+        backend: PoolBackend,
+        host: str = "0.0.0.0",
+        port: int = c.KVP_UDP_PORT,
+        mtu: int = DEFAULT_MTU,
+        cache_bytes: int = 64 << 20,
+        socket_buffer_bytes: int = 4 << 20,
+    ) -> None:
+        self.handler = KvpGetHandler(backend, mtu, cache_bytes)
+        self.stats = self.handler.stats
+        self._bind = (host, port)
+        self._buffer_bytes = socket_buffer_bytes
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound ``(host, port)``.
+
+        Raises:
+            RuntimeError: the server is not bound yet.
+        """
+        if self._sock is None:
+            raise RuntimeError("PoolServer is not bound: call start() or bind() first")
+        host, port = self._sock.getsockname()[:2]
+        return str(host), int(port)
+
+    def bind(self) -> socket.socket:
+        """Binds the UDP socket (once).
+
+        Returns:
+            The socket.
+
+        Raises:
+            OSError: the address is taken or not local.
+        """
+        if self._sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._buffer_bytes)
+                sock.bind(self._bind)
+            except OSError:
+                sock.close()
+                raise
+            sock.settimeout(0.1)
+            self._sock = sock
+        return self._sock
+
+    def serve_forever(self) -> None:
+        """Answers datagrams in the calling thread until ``stop()``."""
+        sock = self.bind()
+        handle = self.handler.handle
+        stats = self.stats
+        buf = bytearray(65536)
+        view = memoryview(buf)
+        while not self._stop.is_set():
+            try:
+                n, addr = sock.recvfrom_into(buf)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("recvfrom failed: %s", exc)
+                continue
+            try:
+                replies = handle(view[:n])
+            except Exception:  # a bug must not take the pool node down
+                stats.internal_errors += 1
+                log.exception("handler failed on a %d-byte datagram from %s", n, addr)
+                continue
+            for header, payload in replies:
+                try:
+                    stats.bytes_sent += sock.sendmsg((header, payload), (), 0, addr)
+                except OSError as exc:
+                    stats.send_errors += 1
+                    log.debug("sendmsg to %s failed: %s", addr, exc)
+
+    def start(self) -> PoolServer:
+        """Binds and serves in a daemon thread.
+
+        Returns:
+            ``self``.
+        """
+        self.bind()
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self.serve_forever, name="kvcast-poolserver", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops serving and closes the socket. Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> PoolServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class AsyncPoolServerProtocol(asyncio.DatagramProtocol):
+    """``KvpGetHandler`` behind an asyncio datagram endpoint.
+
+    The handler's backend reads block the event loop (the chunk cache makes them one per
+    chunk burst); use ``PoolServer`` where the backend is slow.
+
+    Args:
+        handler: the protocol logic.
+    """
+
+    def __init__(self, handler: KvpGetHandler) -> None:
+        self.handler = handler
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:  # noqa: D102
+        transport = self.transport
+        if transport is None:
+            return
+        try:
+            replies = self.handler.handle(data)
+        except Exception:
+            self.handler.stats.internal_errors += 1
+            log.exception("handler failed on a %d-byte datagram from %s", len(data), addr)
+            return
+        for header, payload in replies:
+            transport.sendto(header + payload, addr)
+            self.handler.stats.bytes_sent += len(header) + len(payload)
+
+    def error_received(self, exc: Exception) -> None:  # noqa: D102
+        self.handler.stats.send_errors += 1
+        log.debug("datagram error: %s", exc)
+
+
+async def serve_asyncio(
+    backend: PoolBackend,
+    host: str = "0.0.0.0",
+    port: int = c.KVP_UDP_PORT,
+    mtu: int = DEFAULT_MTU,
+    cache_bytes: int = 64 << 20,
+) -> tuple[asyncio.DatagramTransport, AsyncPoolServerProtocol]:
+    """Starts an asyncio pool server on the running loop.
+
+    Args:
+        backend: where chunks are read from.
+        host: address to bind.
+        port: UDP port (0: ephemeral).
+        mtu: IP MTU the DATA messages must fit in.
+        cache_bytes: size of the recently-served chunk cache.
+
+    Returns:
+        The transport (close it to stop) and the protocol (``protocol.handler.stats``).
+    """
+    loop = asyncio.get_running_loop()
+    handler = KvpGetHandler(backend, mtu, cache_bytes)
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: AsyncPoolServerProtocol(handler), local_addr=(host, port)
+    )
+    return transport, protocol

@@ -1,0 +1,223 @@
+"""The pool-node server: GET -> DATA/NACK logic (transport-free) and the UDP loops on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from kvcast import p4constants as c
+from kvcast.wire import KvpHeader, fragment_crc, get_message
+from poolnode.backend import InMemoryBackend, PoolBackendError
+from poolnode.server import (
+    ChunkCache,
+    KvpGetHandler,
+    PoolServer,
+    Reply,
+    frags_per_data,
+    serve_asyncio,
+)
+
+TENANT, KEY = 7, 0xFEEDFACECAFEBEEF
+NFRAGS = 23
+CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 100)  # last fragment shorter
+
+
+@pytest.fixture
+def backend() -> InMemoryBackend:
+    b = InMemoryBackend()
+    b.put(TENANT, KEY, CHUNK)
+    return b
+
+
+@pytest.fixture
+def handler(backend: InMemoryBackend) -> KvpGetHandler:
+    return KvpGetHandler(backend)
+
+
+def decode(replies: list[Reply]) -> list[tuple[KvpHeader, bytes]]:
+    return [(KvpHeader.unpack(h), bytes(p)) for h, p in replies]
+
+
+def test_get_of_a_range_is_answered_by_data_covering_it(handler: KvpGetHandler) -> None:
+    out = decode(handler.handle(get_message(TENANT, KEY, 2, req_id=99, count=12)))
+    assert b"".join(p for _, p in out) == CHUNK[2 * c.FRAG_BYTES : 14 * c.FRAG_BYTES]
+    assert [h.frag_idx for h, _ in out] == list(range(2, 14, handler.frags_per_data))
+
+
+def test_data_echoes_request_and_says_pool(handler: KvpGetHandler) -> None:
+    (hdr, _), *_ = decode(handler.handle(get_message(TENANT, KEY, 0, req_id=99, group=5)))
+    assert (hdr.op, hdr.flags, hdr.tenant, hdr.key, hdr.req_id, hdr.group) == (
+        c.KVP_OP_DATA,
+        c.KVP_FLAG_POOL,
+        TENANT,
+        KEY,
+        99,
+        5,
+    )
+    assert hdr.frag_count == NFRAGS
+
+
+def test_every_data_carries_a_valid_crc(handler: KvpGetHandler) -> None:
+    for hdr, payload in decode(handler.handle(get_message(TENANT, KEY, 0, count=NFRAGS))):
+        assert hdr.payload_len == len(payload)
+        assert hdr.crc == fragment_crc(TENANT, KEY, hdr.frag_idx, payload)
+
+
+def test_last_fragment_is_the_short_tail(handler: KvpGetHandler) -> None:
+    (hdr, payload), *_ = decode(handler.handle(get_message(TENANT, KEY, NFRAGS - 1)))
+    assert payload == CHUNK[(NFRAGS - 1) * c.FRAG_BYTES :]
+
+
+def test_default_data_fits_a_1500_byte_mtu(handler: KvpGetHandler) -> None:
+    for h, p in handler.handle(get_message(TENANT, KEY, 0, count=NFRAGS)):
+        assert c.IPV4_HDR_BYTES + c.UDP_HDR_BYTES + len(h) + len(p) <= 1500
+    assert handler.frags_per_data == frags_per_data(1500) >= 1
+
+
+def test_smaller_mtu_packs_fewer_fragments(backend: InMemoryBackend) -> None:
+    mtu = c.IPV4_HDR_BYTES + c.UDP_HDR_BYTES + c.KVP_HDR_BYTES + c.FRAG_BYTES
+    small = KvpGetHandler(backend, mtu=mtu)
+    assert len(small.handle(get_message(TENANT, KEY, 0, count=4))) == 4
+
+
+def test_mtu_too_small_for_one_fragment_is_refused(backend: InMemoryBackend) -> None:
+    with pytest.raises(ValueError, match="MTU"):
+        KvpGetHandler(backend, mtu=c.FRAG_BYTES)
+
+
+def test_unknown_key_is_nacked_not_found(handler: KvpGetHandler) -> None:
+    [(hdr, payload)] = decode(handler.handle(get_message(TENANT, KEY + 1, 0, req_id=3)))
+    assert (hdr.op, hdr.status, hdr.req_id, payload) == (
+        c.KVP_OP_NACK,
+        c.KVP_STATUS_NOT_FOUND,
+        3,
+        b"",
+    )
+    assert handler.stats.nack_not_found == 1
+
+
+@pytest.mark.parametrize(("first", "count"), [(NFRAGS, 1), (NFRAGS - 2, 3), (0, 0)])
+def test_fragments_outside_the_chunk_are_nacked_bad_request(
+    handler: KvpGetHandler, first: int, count: int
+) -> None:
+    [(hdr, _)] = decode(handler.handle(get_message(TENANT, KEY, first, count=count)))
+    assert (hdr.op, hdr.status) == (c.KVP_OP_NACK, c.KVP_STATUS_BAD_REQUEST)
+    assert handler.stats.nack_bad_request == 1
+
+
+def test_get_without_its_placeholder_is_nacked_bad_request(handler: KvpGetHandler) -> None:
+    [(hdr, _)] = decode(handler.handle(get_message(TENANT, KEY, 0)[: c.KVP_HDR_BYTES]))
+    assert hdr.status == c.KVP_STATUS_BAD_REQUEST
+
+
+@pytest.mark.parametrize(
+    "datagram",
+    [
+        b"",
+        b"\x11" * 10,
+        bytes([0x21]) + get_message(TENANT, KEY, 0)[1:],  # version 2
+        bytes([0x1F]) + get_message(TENANT, KEY, 0)[1:],  # op 15
+    ],
+)
+def test_malformed_datagrams_are_counted_and_dropped(
+    handler: KvpGetHandler, datagram: bytes
+) -> None:
+    assert handler.handle(datagram) == []
+    assert handler.stats.malformed == 1
+
+
+def test_non_get_operations_are_counted_and_dropped(handler: KvpGetHandler) -> None:
+    data = KvpHeader(c.KVP_OP_DATA, tenant=TENANT, key=KEY).pack()
+    assert handler.handle(data) == []
+    assert handler.stats.unexpected_op == 1
+
+
+def test_backend_failure_is_nacked_unavailable() -> None:
+    class Broken(InMemoryBackend):
+        def size(self, tenant: int, key: int) -> int | None:
+            raise PoolBackendError("master unreachable")
+
+    handler = KvpGetHandler(Broken())
+    [(hdr, _)] = decode(handler.handle(get_message(TENANT, KEY, 0)))
+    assert hdr.status == c.KVP_STATUS_UNAVAILABLE
+    assert handler.stats.nack_unavailable == 1
+
+
+def test_a_burst_of_gets_reads_the_backend_once(handler: KvpGetHandler) -> None:
+    for first in range(NFRAGS):
+        handler.handle(get_message(TENANT, KEY, first))
+    assert handler.stats.backend_reads == 1
+    assert handler.stats.cache_hits == NFRAGS - 1
+
+
+def test_chunk_cache_evicts_least_recently_used_within_its_bound() -> None:
+    cache = ChunkCache(max_bytes=250)
+    for key in range(3):
+        cache.put(0, key, memoryview(bytes(100)))
+    assert cache.get(0, 0) is None
+    assert cache.get(0, 2) is not None
+    assert cache.used == 200
+
+
+def test_chunk_cache_skips_chunks_larger_than_its_bound() -> None:
+    cache = ChunkCache(max_bytes=50)
+    cache.put(0, 1, memoryview(bytes(51)))
+    assert len(cache) == 0
+
+
+@pytest.fixture
+def server(backend: InMemoryBackend) -> Iterator[PoolServer]:
+    with PoolServer(backend, "127.0.0.1", 0) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    yield sock
+    sock.close()
+
+
+def test_server_replies_to_the_requesters_address(
+    server: PoolServer, client: socket.socket
+) -> None:
+    client.sendto(get_message(TENANT, KEY, 0, req_id=11), server.address)
+    data, src = client.recvfrom(65536)
+    hdr = KvpHeader.unpack(data)
+    assert (hdr.op, hdr.req_id, src[1]) == (c.KVP_OP_DATA, 11, server.address[1])
+    assert data[c.KVP_HDR_BYTES :] == CHUNK[: hdr.payload_len]
+
+
+def test_server_keeps_serving_after_garbage(server: PoolServer, client: socket.socket) -> None:
+    for junk in (b"", b"\xff" * 3, os.urandom(2000), struct.pack("!B", 0x12) * 40):
+        client.sendto(junk, server.address)
+    client.sendto(get_message(TENANT, KEY, 1, req_id=12), server.address)
+    hdr = KvpHeader.unpack(client.recv(65536))
+    assert (hdr.req_id, hdr.frag_idx) == (12, 1)
+    assert server.stats.malformed + server.stats.unexpected_op == 4
+
+
+def test_asyncio_server_answers_a_get(backend: InMemoryBackend) -> None:
+    async def scenario() -> KvpHeader:
+        transport, protocol = await serve_asyncio(backend, "127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.sendto(get_message(TENANT, KEY, 3, req_id=5), transport.get_extra_info("sockname"))
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 5)
+        finally:
+            sock.close()
+            transport.close()
+        assert protocol.handler.stats.data_sent == 1
+        return KvpHeader.unpack(data)
+
+    hdr = asyncio.run(scenario())
+    assert (hdr.op, hdr.req_id, hdr.frag_idx) == (c.KVP_OP_DATA, 5, 3)
