@@ -1,0 +1,235 @@
+"""Builds, programs and tears down an emulated kvcast cluster.
+
+Classes:
+    Cluster: a running Mininet network built from a :class:`~emulation.topo.ClusterSpec` with an
+        injectable switch class, with the switch's base program installed (routes, port roles,
+        pool owners, multicast replica destinations) and the hosts' ARP filled in. A context
+        manager: leaving it, by return, exception or SIGINT/SIGTERM, removes every namespace,
+        interface and process it made.
+
+Functions:
+    cleanup_leftovers: removes what an earlier run that was killed hard (SIGKILL) left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+from mininet.link import TCLink
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+
+from emulation.switches import P4Switch, default_switch_class
+from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTopo, addresses
+from kvcast import p4constants as c
+from kvcast.p4rt_client import Lpm, P4RuntimeClient
+
+AGENT_PORT = 19287  # UDP port host agents receive DATA on (each host has its own namespace)
+_LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
+
+
+def _ip(text: str) -> int:
+    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
+
+
+def _mac(text: str) -> int:
+    return int(text.replace(":", ""), 16)
+
+
+def cleanup_leftovers() -> list[str]:
+    """Removes interfaces and node shells an earlier, hard-killed run left.
+
+    Returns:
+        What was removed.
+    """
+    removed: list[str] = []
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        m = _LEFTOVER_INTF.match(line.split(": ", 1)[1] if ": " in line else "")
+        if m:
+            subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+            removed.append(m.group(1))
+    shells = subprocess.run(["pgrep", "-f", "mininet:"], capture_output=True, text=True).stdout
+    for pid in shells.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+            removed.append(f"pid {pid}")
+    return removed
+
+
+class Cluster:
+    """A running emulated cluster.
+
+    Args:
+        spec: what to build.
+        switch_cls: the switch node class (default: BMv2 where installed, else the reference
+            target).
+        quiet: silence Mininet's own logging.
+    """
+
+    def __init__(
+        self, spec: ClusterSpec, switch_cls: type[P4Switch] | None = None, quiet: bool = True
+    ):
+        self.spec = spec
+        self.switch_cls = switch_cls or default_switch_class()
+        self.nodes = {n.name: n for n in addresses(spec)}
+        self.net: Any = None
+        self._old_handlers: dict[int, Any] = {}
+        if quiet:
+            setLogLevel("error")
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def start(self) -> None:
+        """Builds the network, starts the switch and programs it.
+
+        Raises:
+            Exception: whatever failed; everything built so far is removed first.
+        """
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            cleanup_leftovers()
+            self.net = Mininet(
+                topo=StarTopo(spec=self.spec),
+                switch=self.switch_cls,
+                link=TCLink,
+                controller=None,
+                autoSetMacs=False,
+                build=True,
+            )
+            self.net.start()
+            for node in self.nodes.values():
+                self._configure_host(node)
+            self._program_switch()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stops the switch process, the hosts and removes every link (idempotent)."""
+        try:
+            if self.net is not None:
+                self.net.stop()
+        finally:
+            self.net = None
+            cleanup_leftovers()
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
+            self._old_handlers.clear()
+
+    # ------------------------------------------------------------------ access
+    @property
+    def switch(self) -> P4Switch:
+        """The switch node."""
+        return self.net.get("s1")  # type: ignore[no-any-return]
+
+    @property
+    def client(self) -> P4RuntimeClient:
+        """The switch's primary P4Runtime client."""
+        return self.switch.client
+
+    def host(self, name: str) -> Any:
+        """A Mininet host node by name (``h1``, ``p1``)."""
+        return self.net.get(name)
+
+    def hosts(self) -> list[NodeAddr]:
+        """GPU hosts in port order."""
+        return [n for n in self.nodes.values() if n.role == "host"]
+
+    def pools(self) -> list[NodeAddr]:
+        """Pool nodes in port order."""
+        return [n for n in self.nodes.values() if n.role == "pool"]
+
+    # ------------------------------------------------------------------ setup
+    def _configure_host(self, node: NodeAddr) -> None:
+        h = self.host(node.name)
+        h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+        h.cmd("sysctl -q -w net.ipv6.conf.default.disable_ipv6=1")
+        intf = h.defaultIntf().name
+        # Everything goes through the switch's L3: every address resolves to the switch MAC.
+        for other in [*self.nodes.values()]:
+            if other.name != node.name:
+                h.cmd(f"ip neigh replace {other.ip} lladdr {SWITCH_MAC} dev {intf}")
+        h.cmd(f"ip neigh replace {SERVICE_IP} lladdr {SWITCH_MAC} dev {intf}")
+
+    def _program_switch(self) -> None:
+        cl = self.client
+        smac = _mac(SWITCH_MAC)
+        for node in self.nodes.values():
+            cl.insert(
+                c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
+                {"dst_addr": Lpm(_ip(node.ip), 32)},
+                c.ACTION_INGRESS_FORWARDING_ROUTE,
+                {"port": node.port, "smac": smac, "dmac": _mac(node.mac)},
+            )
+            cl.insert(
+                c.TABLE_INGRESS_FORWARDING_L2_FWD,
+                {"dst_addr": _mac(node.mac)},
+                c.ACTION_INGRESS_FORWARDING_L2_FORWARD,
+                {"port": node.port},
+            )
+            if node.role == "pool":
+                cl.insert(
+                    c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+                    {"port": node.port},
+                    c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+                    {"role": c.PORT_ROLE_POOL},
+                )
+            else:
+                cl.insert(
+                    c.TABLE_EGRESS_REPLICA_REPLICA_DST,
+                    {"rid": node.port},
+                    c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
+                    {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
+                )
+        pools = self.pools()
+        for bucket in range(c.POOL_BUCKETS):
+            owner = pools[bucket % len(pools)]
+            cl.insert(
+                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
+                {"bucket": bucket},
+                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
+                {"pool_ip": _ip(owner.ip)},
+            )
+
+    def add_group(self, group_id: int, hosts: list[str]) -> None:
+        """Creates multicast group ``group_id`` over the named GPU hosts (replica id = port)."""
+        replicas = [(self.nodes[h].port, self.nodes[h].port) for h in hosts]
+        self.client.multicast_group(group_id, replicas)
+
+    @contextlib.contextmanager
+    def popen(self, node: str, cmd: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[Any]]:
+        """Runs a process in a node's namespace; it is killed when the block exits."""
+        proc = self.host(node).popen(cmd, **kwargs)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -1,0 +1,86 @@
+"""P4 switches as Mininet nodes: BMv2 or the reference target, started the same way.
+
+Each class is one more Mininet ``Switch`` subclass (Mininet's shape: the network is built from a
+pure topology with an injectable switch class). ``start`` launches the switch process on the
+node's interfaces, waits until its P4Runtime port answers and pushes the pipeline; ``stop``
+ends the process.
+
+Classes:
+    P4Switch: the common part; ``kind`` selects the target.
+    RefSwitch: the reference target (``python -m refswitch``).
+    BMv2Switch: ``simple_switch_grpc``.
+
+Functions:
+    default_switch_class: BMv2 where it is installed and compiled for, the reference target
+        otherwise.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mininet.node import Switch
+
+from emulation.targets import BMV2_JSON_PATH, SwitchProcess, bmv2_binary
+from kvcast.p4rt_client import P4RuntimeClient
+
+
+class P4Switch(Switch):  # type: ignore[misc]
+    """A P4 switch process bound to this node's interfaces (in the root namespace)."""
+
+    kind = "refswitch"
+
+    def __init__(self, name: str, **params: Any) -> None:
+        params["inNamespace"] = False
+        super().__init__(name, **params)
+        self.process: SwitchProcess | None = None
+        self.log_dir = Path(tempfile.mkdtemp(prefix=f"kvcast-{name}-"))
+
+    @property
+    def client(self) -> P4RuntimeClient:
+        """The primary P4Runtime client that installed the pipeline."""
+        if self.process is None:
+            raise RuntimeError(f"switch {self.name} is not started")
+        return self.process.client
+
+    def interface_args(self) -> list[str]:
+        """``-i PORT@IFNAME`` for every data port (port 0, the loopback control intf, excluded)."""
+        args: list[str] = []
+        for intf, port in sorted(self.ports.items(), key=lambda kv: kv[1]):
+            if port == 0 or intf.name == "lo":
+                continue
+            self.cmd(f"sysctl -q -w net.ipv6.conf.{intf.name}.disable_ipv6=1")
+            args += ["-i", f"{port}@{intf.name}"]
+        return args
+
+    def start(self, controllers: list[Any]) -> None:
+        """Starts the switch process and installs the pipeline."""
+        self.process = SwitchProcess(self.kind, self.interface_args(), self.log_dir / "switch.log")
+
+    def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's signature
+        """Stops the process, then removes the interfaces."""
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+        super().stop(deleteIntfs)
+
+
+class RefSwitch(P4Switch):
+    """The reference target."""
+
+    kind = "refswitch"
+
+
+class BMv2Switch(P4Switch):
+    """BMv2's simple_switch_grpc."""
+
+    kind = "bmv2"
+
+
+def default_switch_class() -> type[P4Switch]:
+    """BMv2 where simple_switch_grpc and the compiled JSON exist, the reference target otherwise."""
+    if bmv2_binary() is not None and BMV2_JSON_PATH.exists():
+        return BMv2Switch
+    return RefSwitch
