@@ -1,0 +1,76 @@
+"""Cache-selection policies for the switch SRAM, behind one interface with a name registry.
+
+Importing this package registers every built-in policy:
+
+* ``lru`` (:class:`~controlplane.policies.lru.LruPolicy`): demand-fill LRU baseline.
+* ``lfu`` (:class:`~controlplane.policies.lfu.LfuPolicy`): LFU with dynamic aging.
+* ``sketch`` (:class:`~controlplane.policies.sketch.SketchPolicy`): NetCache-style count-min
+  admission, least-hit eviction.
+* ``kvcast`` (:class:`~controlplane.policies.kvcast.KvcastPolicy`): decayed, host-weighted
+  value per SRAM byte, prefix-closed, with hysteresis; the controller's policy.
+* ``belady`` (:class:`~controlplane.policies.belady.BeladyPolicy`): OFFLINE optimum for
+  evaluation only (needs the future).
+
+The interface, events and decisions live in :mod:`controlplane.policies.base`; the
+trace-driven evaluation in :mod:`controlplane.policies.evaluate` and its workloads in
+:mod:`controlplane.policies.workloads`.
+
+Typical use::
+
+    from controlplane.policies import Access, make_policy
+
+    policy = make_policy("kvcast", capacity_bytes=8 << 20)
+    decision = policy.observe(Access(key=0xABC, tenant=1, size=4096, host=3, time=12.5))
+    for ev in decision.evict:      # apply evictions first
+        ...
+    for ad in decision.admit:
+        ...
+"""
+
+from controlplane.policies.base import (
+    NO_CHANGE,
+    Access,
+    Admission,
+    CachePolicy,
+    Decision,
+    EvictAction,
+    Eviction,
+    FutureMismatchError,
+    InvalidAccessError,
+    PolicyConfigError,
+    PolicyError,
+    Ranked,
+    available_policies,
+    make_policy,
+    policy_class,
+    register_policy,
+)
+from controlplane.policies.belady import BeladyPolicy
+from controlplane.policies.kvcast import KvcastPolicy
+from controlplane.policies.lfu import LfuPolicy
+from controlplane.policies.lru import LruPolicy
+from controlplane.policies.sketch import SketchPolicy
+
+__all__ = [
+    "NO_CHANGE",
+    "Access",
+    "Admission",
+    "BeladyPolicy",
+    "CachePolicy",
+    "Decision",
+    "EvictAction",
+    "Eviction",
+    "FutureMismatchError",
+    "InvalidAccessError",
+    "KvcastPolicy",
+    "LfuPolicy",
+    "LruPolicy",
+    "PolicyConfigError",
+    "PolicyError",
+    "Ranked",
+    "SketchPolicy",
+    "available_policies",
+    "make_policy",
+    "policy_class",
+    "register_policy",
+]

@@ -1,0 +1,448 @@
+"""kvcast's own policy: expected pool bytes saved per SRAM byte, prefix-aware, with hysteresis.
+
+The value of keeping a chunk in SRAM is the pool bytes it saves: the bytes of every future
+fetch it serves. Per SRAM byte that is the chunk's future fetch rate, which the policy
+estimates from the past with an exponentially decayed, host-weighted access count:
+
+    score(k, now) = sum over accesses i of k:  w_i * 2 ** (-(now - t_i) / H)
+
+* ``w_i = 1`` for an access from a host that has not asked for the chunk in the current
+  episode (since it was last idle for a half-life), ``repeat_host_weight`` for a repeat from
+  the same host. Demand spread over many hosts is what multicast serves at once (one SRAM read
+  replicated to N hosts, and the N-to-1 incast on the pool link that it removes); a repeat by
+  one host is often served by that host's own HBM/DRAM prefix cache and is a weaker signal.
+  Hosts are tracked in a 64-bit bitmap per chunk (exact up to 64 hosts, hashed beyond).
+* Decay makes the estimate follow shifting popularity. It is kept lazily in the log domain
+  (``log2 sum w_i 2**v(t_i)`` on a virtual clock ``v`` that advances one unit per half-life),
+  so aging costs nothing per tick, all chunks stay comparable at any instant, and the
+  half-life can change without touching any stored score.
+* The half-life adapts to the workload's time scale unless fixed: it is ``gap_factor`` times
+  the running median of the *first-reuse gap* (time from a chunk's first access to its
+  second), the time an SRAM entry must survive to earn anything. Why 1.5: a chunk reused
+  once after a gap g has score ``(1 + u) * u`` with ``u = 2**(-g/H)`` just before its next
+  reuse, and it still outranks a fresh one-off (score 1) only while ``u + u*u >= 1``, i.e.
+  ``H >= g / log2(golden ratio) = 1.44 g``. Agent branches reuse within seconds,
+  conversations within minutes; one fixed half-life cannot serve both.
+* Prefix structure: block i of a request is useful only if blocks 0..i-1 are available, and a
+  child is never more popular than its parent. The policy clamps a block's priority to its
+  parent's (``pri = min(own, parent)``), breaks ties by evicting the deeper block, admits a
+  block only when its parent is resident (``prefix_closed``), and when it evicts a block it also
+  evicts the resident descendants that would be orphaned. The cached set stays prefix-closed,
+  so no SRAM holds a block that can never be served.
+* Hysteresis: a newcomer displaces only chunks whose value density is lower by the factor
+  ``1 + hysteresis``, and a batch re-select ranks residents with the same bonus. Loading a chunk
+  costs SRAM WRITE packets through the switch CPU port and table churn, and the counts it
+  compares are noisy (a Poisson count n has relative noise 1/sqrt(n): 25 % at n = 16), so
+  near-ties must not swap chunks back and forth.
+* Value recovery: an evicted chunk whose current score is at least ``demote_threshold`` (about
+  one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
+
+Classes:
+    KvcastPolicy: the policy (registered as ``"kvcast"``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import numpy as np
+
+from controlplane.policies.base import (
+    NO_CHANGE,
+    Access,
+    CachePolicy,
+    Decision,
+    PolicyConfigError,
+    Ranked,
+    register_policy,
+)
+
+__all__ = ["KvcastPolicy"]
+
+_NEG_INF = float("-inf")
+
+
+class _Meta:
+    """Statistics of one tracked chunk (resident or not)."""
+
+    __slots__ = (
+        "first",
+        "hosts",
+        "last",
+        "logs",
+        "parent",
+        "position",
+        "pri",
+        "size",
+        "tenant",
+    )
+
+    def __init__(self, tenant: int, size: int) -> None:
+        self.tenant = tenant
+        self.size = size
+        self.parent: int | None = None
+        self.position = 0
+        self.logs = _NEG_INF  # log2 of sum w_i 2**v(t_i), v = the virtual clock
+        self.pri = _NEG_INF  # min(logs, parent's pri): the eviction priority
+        self.last = _NEG_INF
+        self.first = _NEG_INF  # time of the first access until the first reuse, then +inf
+        self.hosts = 0
+
+
+@register_policy("kvcast")
+class KvcastPolicy(CachePolicy):
+    """Decayed, host-weighted reuse value per SRAM byte; prefix-closed; with hysteresis.
+
+    Args:
+        capacity_bytes: SRAM budget in bytes.
+        half_life_s: fixed half-life of the decayed access count in seconds, or None to
+            adapt it (``gap_factor`` x the median first-reuse gap).
+        gap_factor: adaptive half-life over the median first-reuse gap.
+        initial_half_life_s: adaptive half-life before the first reuses are seen.
+        min_half_life_s: lower bound of the adaptive half-life.
+        max_half_life_s: upper bound of the adaptive half-life.
+        hysteresis: a challenger must be worth ``1 + hysteresis`` times what it displaces.
+        repeat_host_weight: weight of an access from a host already counted in the current
+            episode (1.0 turns host weighting off).
+        prefix_closed: admit a block only while its parent is resident.
+        max_tracked: chunks whose statistics are kept; beyond it the least valuable
+            non-resident ones are forgotten (bounded controller memory).
+        demote_threshold: score at or above which an evicted chunk is DEMOTEd.
+
+    Raises:
+        PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
+            outside (0, 1] or ``max_tracked`` < 16.
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        *,
+        half_life_s: float | None = None,
+        gap_factor: float = 1.5,
+        initial_half_life_s: float = 60.0,
+        min_half_life_s: float = 1.0,
+        max_half_life_s: float = 3600.0,
+        hysteresis: float = 0.25,
+        repeat_host_weight: float = 0.5,
+        prefix_closed: bool = True,
+        max_tracked: int = 1 << 18,
+        demote_threshold: float = 1.0,
+    ) -> None:
+        super().__init__(capacity_bytes, demote_threshold=demote_threshold)
+        if half_life_s is not None and not half_life_s > 0:
+            raise PolicyConfigError(f"half_life_s must be > 0 or None, got {half_life_s}")
+        if not 0 < min_half_life_s <= initial_half_life_s <= max_half_life_s:
+            raise PolicyConfigError(
+                "need 0 < min_half_life_s <= initial_half_life_s <= max_half_life_s, got "
+                f"{min_half_life_s}, {initial_half_life_s}, {max_half_life_s}"
+            )
+        if not gap_factor > 0:
+            raise PolicyConfigError(f"gap_factor must be > 0, got {gap_factor}")
+        if not hysteresis >= 0:
+            raise PolicyConfigError(f"hysteresis must be >= 0, got {hysteresis}")
+        if not 0 < repeat_host_weight <= 1:
+            raise PolicyConfigError(
+                f"repeat_host_weight must be in (0, 1], got {repeat_host_weight}"
+            )
+        if max_tracked < 16:
+            raise PolicyConfigError(f"max_tracked must be >= 16, got {max_tracked}")
+        self._adaptive = half_life_s is None
+        self._half_life = float(initial_half_life_s if half_life_s is None else half_life_s)
+        self._gap_factor = float(gap_factor)
+        self._min_half_life = float(min_half_life_s)
+        self._max_half_life = float(max_half_life_s)
+        # Running median of log2(first-reuse gap), by the sign-step quantile tracker.
+        self._log_gap = math.log2(self._half_life / self._gap_factor)
+        self._gap_samples = 0
+        self._log_margin = math.log2(1.0 + hysteresis)
+        self._log_repeat = math.log2(repeat_host_weight)
+        self._prefix_closed = prefix_closed
+        self._max_tracked = max_tracked
+        # Virtual clock v(t) = v_c + (t - t_c) / H: one unit per half-life.
+        self._clock_t: float | None = None
+        self._clock_v = 0.0
+        self._meta: dict[int, _Meta] = {}
+        self._children: dict[int, set[int]] = {}  # resident parent -> resident children
+        self._heap: list[tuple[float, int, int, int]] = []  # (pri, -position, seq, key)
+        self._token: dict[int, int] = {}  # resident key -> seq of its live heap entry
+        self._seq = itertools.count()
+
+    # ------------------------------------------------------------------ statistics
+    @property
+    def half_life_s(self) -> float:
+        """The half-life in use now (fixed, or the adaptive estimate)."""
+        return self._half_life
+
+    def _x(self, t: float) -> float:
+        """The virtual clock at ``t``, in half-lives (the log2 inflation of a weight)."""
+        if self._clock_t is None:
+            return 0.0
+        return self._clock_v + (t - self._clock_t) / self._half_life
+
+    def _observe_gap(self, gap: float, now: float) -> None:
+        """Feed one first-reuse gap to the median tracker and retune the half-life."""
+        step = 1.0 / 16 if self._gap_samples >= 64 else 0.5
+        self._gap_samples += 1
+        lg = math.log2(max(gap, 1e-3))
+        if lg > self._log_gap:
+            self._log_gap += step
+        elif lg < self._log_gap:
+            self._log_gap -= step
+        target = self._gap_factor * 2.0**self._log_gap
+        target = min(self._max_half_life, max(self._min_half_life, target))
+        if abs(math.log2(target / self._half_life)) > 0.1:
+            # Start a new clock segment; stored scores stay valid as they are.
+            self._clock_v = self._x(now)
+            self._clock_t = now
+            self._half_life = target
+
+    def score(self, key: int, now: float) -> float | None:
+        """Current decayed, host-weighted access count of a chunk (None if untracked).
+
+        Args:
+            key: chunk key.
+            now: current time in seconds.
+
+        Returns:
+            The prefix-clamped score, or None for a chunk the policy does not track.
+        """
+        m = self._meta.get(key)
+        if m is None:
+            return None
+        return float(2.0 ** (m.pri - self._x(now)))
+
+    def _update(self, access: Access) -> None:
+        if self._clock_t is None:
+            self._clock_t = access.time
+        key = access.key
+        m = self._meta.get(key)
+        if m is None:
+            m = _Meta(access.tenant, access.size)
+            self._meta[key] = m
+        elif key not in self._resident:
+            m.tenant = access.tenant
+            m.size = access.size
+        if m.first == _NEG_INF:
+            m.first = access.time
+        elif m.first != math.inf:
+            if self._adaptive:
+                self._observe_gap(access.time - m.first, access.time)
+            m.first = math.inf
+        x = self._x(access.time)
+        # Host weighting: a new episode starts once the chunk was idle for a half-life.
+        if access.time - m.last > self._half_life:
+            m.hosts = 0
+        bit = 1 << (access.host & 63)
+        lw = x + self._log_repeat if m.hosts & bit else x
+        m.hosts |= bit
+        a = m.logs
+        if a == _NEG_INF:
+            m.logs = lw
+        elif a >= lw:
+            m.logs = a + math.log2(1.0 + 2.0 ** (lw - a))
+        else:
+            m.logs = lw + math.log2(1.0 + 2.0 ** (a - lw))
+        m.last = access.time
+        pri = m.logs
+        if access.parent is not None:
+            m.parent = access.parent
+            pm = self._meta.get(access.parent)
+            if pm is not None:
+                m.position = pm.position + 1
+                pri = min(pri, pm.pri)
+        if access.position is not None:
+            m.position = access.position
+        m.pri = pri
+        if key in self._resident:
+            self._push(key, m)
+        elif len(self._meta) > self._max_tracked:
+            self._prune(keep=key)
+
+    def _push(self, key: int, m: _Meta) -> None:
+        seq = next(self._seq)
+        self._token[key] = seq
+        heapq.heappush(self._heap, (m.pri, -m.position, seq, key))
+        if len(self._heap) > 4 * len(self._token) + 1024:
+            # Drop stale entries so the heap stays O(resident chunks).
+            self._heap = [e for e in self._heap if self._token.get(e[3]) == e[2]]
+            heapq.heapify(self._heap)
+
+    def _prune(self, keep: int) -> None:
+        """Forget the least valuable non-resident chunks down to 3/4 of ``max_tracked``.
+
+        Args:
+            keep: a key that must survive (the one being accessed).
+        """
+        candidates = [k for k in self._meta if k not in self._resident and k != keep]
+        drop = len(self._meta) - (3 * self._max_tracked) // 4
+        if drop <= 0 or not candidates:
+            return
+        logs = np.fromiter((self._meta[k].logs for k in candidates), float, len(candidates))
+        drop = min(drop, len(candidates))
+        for i in np.argpartition(logs, drop - 1)[:drop]:
+            del self._meta[candidates[int(i)]]
+
+    # ------------------------------------------------------------------ online decision
+    def _decide(self, access: Access) -> Decision:
+        key = access.key
+        if key in self._resident:
+            return NO_CHANGE
+        m = self._meta[key]
+        if self._prefix_closed and m.parent is not None and m.parent not in self._resident:
+            return NO_CHANGE
+        need = access.size - self.free_bytes
+        popped: list[tuple[float, int, int, int]] = []
+        doomed: dict[int, None] = {}  # keys to evict, each after its descendants
+        freed = 0
+        while freed < need:
+            entry = heapq.heappop(self._heap)
+            victim = entry[3]
+            if self._token.get(victim) != entry[2]:
+                continue  # stale
+            popped.append(entry)
+            if victim in doomed:
+                continue  # already going as a descendant of an earlier victim
+            if entry[0] + self._log_margin >= m.pri or victim == m.parent:
+                # Not worth (1 + hysteresis) times less per byte: keep everything.
+                for e in popped:
+                    heapq.heappush(self._heap, e)
+                return NO_CHANGE
+            for k in self._subtree(victim):
+                if k not in doomed:
+                    doomed[k] = None
+                    freed += self._meta[k].size
+        if m.parent is not None and m.parent in doomed:
+            for e in popped:
+                heapq.heappush(self._heap, e)
+            return NO_CHANGE
+        evictions = tuple(self._evict(k, access.time) for k in doomed)
+        x = self._x(access.time)
+        admission = self._admit(key, access.tenant, access.size, float(2.0 ** (m.pri - x)))
+        return Decision(admit=(admission,), evict=evictions)
+
+    def _subtree(self, key: int) -> list[int]:
+        """``key`` and its resident descendants, every descendant before its ancestor."""
+        out: list[int] = []
+        stack = [(key, False)]
+        while stack:
+            k, expanded = stack.pop()
+            if expanded:
+                out.append(k)
+                continue
+            stack.append((k, True))
+            stack.extend((c, False) for c in self._children.get(k, ()))
+        return out
+
+    def _on_admit(self, key: int) -> None:
+        m = self._meta[key]
+        if m.parent is not None and m.parent in self._resident:
+            self._children.setdefault(m.parent, set()).add(key)
+        self._push(key, m)
+
+    def _on_evict(self, key: int) -> None:
+        self._token.pop(key, None)
+        parent = self._meta[key].parent
+        if parent is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[parent]
+        self._children.pop(key, None)
+
+    def _forget(self, key: int) -> None:
+        self._meta.pop(key, None)
+
+    def _invalidation_set(self, key: int) -> list[int]:
+        return self._subtree(key) if key in self._resident else [key]
+
+    def _knows(self, key: int) -> bool:
+        return key in self._meta
+
+    # ------------------------------------------------------------------ batch ranking
+    def rank(self, now: float) -> list[Ranked]:
+        """Every tracked chunk by decreasing prefix-clamped score (deeper blocks last on ties).
+
+        Args:
+            now: current time in seconds.
+
+        Returns:
+            The ranking; ``score`` is the decayed, host-weighted access count.
+        """
+        keys, pri, depth = self._arrays()
+        order = np.lexsort((depth, -pri))
+        x = self._x(now)
+        out = []
+        for i in order:
+            key = keys[int(i)]
+            m = self._meta[key]
+            out.append(
+                Ranked(
+                    key,
+                    m.tenant,
+                    m.size,
+                    float(2.0 ** (m.pri - x)),
+                    key in self._resident,
+                    m.parent,
+                )
+            )
+        return out
+
+    def _arrays(self) -> tuple[list[int], np.ndarray, np.ndarray]:
+        keys = list(self._meta)
+        metas = [self._meta[k] for k in keys]
+        pri = np.fromiter((m.pri for m in metas), float, len(metas))
+        depth = np.fromiter((m.position for m in metas), np.int64, len(metas))
+        return keys, pri, depth
+
+    def select(self, now: float) -> Decision:
+        """Batch re-select with hysteresis: residents rank as if worth ``1 + hysteresis`` more.
+
+        Fills the budget greedily by value density, skipping blocks whose tracked parent was
+        not selected (prefix closure), and returns the difference from the resident set.
+
+        Args:
+            now: current time in seconds.
+
+        Returns:
+            Evictions of residents that lost their place and admissions of newcomers.
+        """
+        keys, pri, depth = self._arrays()
+        if not keys:
+            return NO_CHANGE
+        resident = np.fromiter((k in self._resident for k in keys), bool, len(keys))
+        order = np.lexsort((depth, -(pri + np.where(resident, self._log_margin, 0.0))))
+        chosen: dict[int, Ranked] = {}
+        free = self._capacity
+        x = self._x(now)
+        min_size = min(m.size for m in self._meta.values())
+        for i in order:
+            if free < min_size:
+                break
+            key = keys[int(i)]
+            m = self._meta[key]
+            if m.size > free or m.pri == _NEG_INF:
+                continue
+            if (
+                self._prefix_closed
+                and m.parent is not None
+                and m.parent not in chosen
+                and m.parent in self._meta
+            ):
+                continue
+            chosen[key] = Ranked(key, m.tenant, m.size, float(2.0 ** (m.pri - x)), False, m.parent)
+            free -= m.size
+        # Evict parents' orphaned descendants together with them: a resident child whose
+        # parent is dropped is not in `chosen` (its parent was skipped), so it is evicted too.
+        return self._apply_target(chosen, now)
+
+    # ------------------------------------------------------------------ value recovery
+    def residual_value(self, key: int, now: float) -> float:
+        """The chunk's current score (about its expected accesses per half-life)."""
+        m = self._meta.get(key)
+        if m is None:
+            return 0.0
+        return float(2.0 ** (m.logs - self._x(now)))
