@@ -1,0 +1,504 @@
+"""The host agent's fetch client: one chunk from the switch, else the DRAM pool, else "recompute".
+
+``FetchClient.fetch`` fills a preallocated uint8 tensor (pinned where CUDA exists) with one
+chunk's bytes. It sends pipelined GETs (at most ``window`` outstanding) to the service address
+(the switch VIP: a hit comes back from switch SRAM with ``HIT``, a miss is forwarded to the key's
+pool node and comes back with ``POOL``); each DATA is received with ``recv_into`` into one
+reusable buffer, checked (tenant, key, request id, fragment range, length, CRC) and copied once,
+straight to ``offset = frag_idx * FRAG_BYTES`` of the tensor. A per-fragment state array tracks
+what is missing, requested or present. A GET unanswered in time is resent with exponential
+backoff; once a fragment has been retried ``max_retries`` times, or the pool answers
+``NOT_FOUND`` through the switch, the client asks the DRAM pool directly (``pool_addr``, GETs with
+``NOCACHE``), keeping every fragment it already verified (keys are content hashes: the same key
+is the same bytes from any source). When that fails too the answer is ``RECOMPUTE``: ordinary
+misses are outcomes, never exceptions, and a partly filled tensor is never reported as valid.
+
+Classes:
+    FetchOutcome: COMPLETE or RECOMPUTE.
+    RecomputeReason: why a fetch gave up.
+    FetchReport: what one fetch did (bytes, fragments from switch vs pool, retries, CRC
+        failures, duration).
+    FetchClient: the UDP client (one socket, one fetch at a time).
+    FetchError: the caller passed something unusable (wrong tensor, chunk too large).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import select
+import socket
+import time
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hostagent.layout import MAX_FRAGMENTS, KVLayout
+from kvcast import p4constants as c
+from kvcast.wire import KVP_STRUCT, fragment_crc
+from poolnode.server import DEFAULT_MTU, frags_per_data
+
+Address = tuple[str, int]
+
+_HDR = c.KVP_HDR_BYTES
+_FB = c.FRAG_BYTES
+_GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
+_DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
+_NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
+_MISSING, _REQUESTED, _PRESENT = 0, 1, 2
+_PRESENT_BYTE = bytes([_PRESENT])
+
+
+class FetchError(ValueError):
+    """The fetch cannot start: the destination tensor or the chunk length is unusable."""
+
+
+class FetchOutcome(enum.Enum):
+    """How a fetch ended."""
+
+    COMPLETE = "complete"
+    """Every fragment arrived and passed its CRC: the tensor holds the chunk."""
+    RECOMPUTE = "recompute"
+    """The chunk could not be had: prefill it again. The tensor's contents are undefined."""
+
+
+class RecomputeReason(enum.Enum):
+    """Why a fetch ended in ``RECOMPUTE`` (``NONE`` when it completed)."""
+
+    NONE = "none"
+    NOT_FOUND = "not_found"
+    """The pool answered NOT_FOUND on the last path."""
+    LENGTH_MISMATCH = "length_mismatch"
+    """The pool answered BAD_REQUEST: it holds the key with another length (layout mismatch)."""
+    NO_ANSWER = "no_answer"
+    """Some fragment stayed missing after every retry on every path."""
+    DEADLINE = "deadline"
+    """The fetch's overall deadline passed."""
+
+
+@dataclass(slots=True)
+class FetchReport:
+    """What one fetch did.
+
+    Attributes:
+        outcome: COMPLETE or RECOMPUTE.
+        reason: why it gave up (``NONE`` when complete).
+        tenant: tenant id fetched.
+        key: chunk key fetched.
+        nbytes: chunk length in bytes.
+        frag_count: fragments in the chunk.
+        frags_hit: fragments first received from switch SRAM (``HIT``).
+        frags_pool: fragments first received from a pool node (``POOL``).
+        gets_sent: GET messages sent.
+        retries: GETs re-sent after a timeout, a CRC failure or NACK UNAVAILABLE.
+        timeouts: GETs that went unanswered in time.
+        crc_failures: DATA messages whose CRC did not match (dropped, fragments re-fetched).
+        duplicates: DATA messages that brought no new fragment.
+        ignored: datagrams for another chunk or request, or not KVP replies.
+        invalid: DATA for this chunk with an impossible range, length or fragment count.
+        nacks: NACKs received for this fetch.
+        fell_back: whether the client switched to asking the DRAM pool directly.
+        duration_s: wall time of the fetch.
+    """
+
+    outcome: FetchOutcome = FetchOutcome.RECOMPUTE
+    reason: RecomputeReason = RecomputeReason.NONE
+    tenant: int = 0
+    key: int = 0
+    nbytes: int = 0
+    frag_count: int = 0
+    frags_hit: int = 0
+    frags_pool: int = 0
+    gets_sent: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    crc_failures: int = 0
+    duplicates: int = 0
+    ignored: int = 0
+    invalid: int = 0
+    nacks: int = 0
+    fell_back: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tensor holds the whole chunk."""
+        return self.outcome is FetchOutcome.COMPLETE
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report with enums as their values (for logs and metrics)."""
+        out = asdict(self)
+        out["outcome"] = self.outcome.value
+        out["reason"] = self.reason.value
+        return out
+
+
+@dataclass(slots=True)
+class _Get:
+    start: int
+    count: int
+    deadline: float
+    path: int
+
+
+@dataclass(slots=True)
+class _Path:
+    addr: Address
+    flags: int
+    name: str
+
+
+class _GiveUp(Exception):  # noqa: N818 - internal control flow, never escapes fetch()
+    def __init__(self, reason: RecomputeReason) -> None:
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _State:
+    """One fetch in progress."""
+
+    tenant: int
+    key: int
+    nbytes: int
+    n: int
+    dst: np.ndarray[Any, np.dtype[np.uint8]]
+    report: FetchReport
+    frag: bytearray = field(init=False)
+    owner: array[int] = field(init=False)
+    tries: bytearray = field(init=False)
+    missing: int = field(init=False)
+    scan: int = 0
+    path: int = 0
+    inflight: dict[int, _Get] = field(default_factory=dict)
+    sent: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.frag = bytearray(self.n)
+        self.owner = array("L", bytes(self.n * array("L").itemsize))
+        self.tries = bytearray(self.n)
+        self.missing = self.n
+
+
+class FetchClient:
+    """Fetches chunks over KVP/UDP: switch first, DRAM pool second, recompute last.
+
+    Args:
+        service_addr: where GETs go first: the switch VIP and ``KVP_UDP_PORT`` (in tests, a
+            pool server). ``None`` asks the pool directly from the start.
+        pool_addr: the DRAM pool node asked directly (GETs with ``NOCACHE``) when the service
+            path fails; ``None`` for no fallback.
+        window: GETs outstanding at once.
+        frags_per_get: fragments asked per GET (a pool node answers up to the MTU per DATA;
+            the switch answers the first fragment only); default: what one DATA carries in
+            ``mtu``.
+        mtu: IP MTU, for the default ``frags_per_get``.
+        timeout_s: first timeout of a GET; doubled per retry of its first fragment.
+        max_timeout_s: cap of the backed-off timeout.
+        max_retries: retries of a fragment on one path before moving on.
+        deadline_s: bound on a whole fetch.
+        group: multicast group for the replies (0: this host only). DATA replicated to the group
+            (flag ``REPLICA``) for the same chunk is accepted whoever requested it.
+        bind: local address of the UDP socket.
+        socket_buffer_bytes: SO_RCVBUF to ask for.
+
+    Raises:
+        ValueError: neither address given, or a parameter out of range.
+    """
+
+    def __init__(
+        self,
+        service_addr: Address | None,
+        pool_addr: Address | None = None,
+        *,
+        window: int = 32,
+        frags_per_get: int | None = None,
+        mtu: int = DEFAULT_MTU,
+        timeout_s: float = 0.02,
+        max_timeout_s: float = 0.25,
+        max_retries: int = 3,
+        deadline_s: float = 5.0,
+        group: int = 0,
+        bind: Address = ("0.0.0.0", 0),
+        socket_buffer_bytes: int = 4 << 20,
+    ) -> None:
+        if service_addr is None and pool_addr is None:
+            raise ValueError("FetchClient needs a service address, a pool address or both")
+        if window < 1 or max_retries < 0 or not 0 < timeout_s <= max_timeout_s:
+            raise ValueError(
+                f"need window >= 1, max_retries >= 0 and 0 < timeout_s <= max_timeout_s; got "
+                f"{window}, {max_retries}, {timeout_s}, {max_timeout_s}"
+            )
+        self.paths: list[_Path] = []
+        if service_addr is not None:
+            self.paths.append(_Path(service_addr, 0, "service"))
+        if pool_addr is not None:
+            self.paths.append(_Path(pool_addr, c.KVP_FLAG_NOCACHE, "pool"))
+        self.window = window
+        self.frags_per_get = frags_per_get or frags_per_data(mtu)
+        self.timeout_s = timeout_s
+        self.max_timeout_s = max_timeout_s
+        self.max_retries = min(max_retries, 254)
+        self.deadline_s = deadline_s
+        self.group = group
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, socket_buffer_bytes)
+        self._sock.bind(bind)
+        self._sock.setblocking(False)
+        self._rbuf = bytearray(65536)
+        self._rview = memoryview(self._rbuf)
+        self._rnp = np.frombuffer(self._rbuf, dtype=np.uint8)
+        self._get = bytearray(_HDR + _FB)
+        self._next_req = random.getrandbits(32)
+
+    @property
+    def address(self) -> Address:
+        """The local ``(host, port)`` replies come to."""
+        host, port = self._sock.getsockname()[:2]
+        return str(host), int(port)
+
+    def close(self) -> None:
+        """Closes the socket."""
+        self._sock.close()
+
+    def __enter__(self) -> FetchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fetch_block(
+        self, tenant: int, key: int, layout: KVLayout, dst: torch.Tensor
+    ) -> FetchReport:
+        """Fetches one chunk of ``layout`` into ``dst``.
+
+        Args:
+            tenant: tenant id.
+            key: chunk key (``ChunkKey.key``).
+            layout: the chunk's KV layout.
+            dst: ``layout.alloc_chunk()`` or any contiguous 1-D uint8 CPU tensor of
+                ``layout.chunk_bytes``.
+
+        Returns:
+            The report; ``layout.view(dst)`` is the KV when ``report.ok``.
+
+        Raises:
+            LayoutError: ``dst`` does not match the layout.
+        """
+        layout.check_chunk(dst)
+        return self.fetch(tenant, key, dst, layout.chunk_bytes)
+
+    def fetch(
+        self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None = None
+    ) -> FetchReport:
+        """Fetches one chunk of ``nbytes`` into ``dst[:nbytes]``.
+
+        Args:
+            tenant: tenant id.
+            key: chunk key.
+            dst: a contiguous 1-D uint8 CPU tensor (pinned where CUDA exists).
+            nbytes: chunk length; default: ``dst.numel()``.
+
+        Returns:
+            The report. Only ``report.ok`` means ``dst[:nbytes]`` holds the chunk.
+
+        Raises:
+            FetchError: ``dst`` is not a contiguous 1-D uint8 CPU tensor, or ``nbytes`` is not
+                in ``1 .. dst.numel()`` or needs more fragments than a 16-bit index addresses.
+        """
+        if dst.dtype != torch.uint8 or dst.dim() != 1 or not dst.is_contiguous():
+            raise FetchError(
+                f"fetch needs a contiguous 1-D uint8 tensor, got {dst.dtype} {tuple(dst.shape)}"
+            )
+        if dst.device.type != "cpu":
+            raise FetchError(
+                f"fetch writes host memory; got a {dst.device} tensor: fetch into a pinned CPU "
+                "tensor (KVLayout.alloc_chunk) and copy it to the GPU with scatter_to_paged"
+            )
+        nbytes = dst.numel() if nbytes is None else nbytes
+        if not 0 < nbytes <= dst.numel():
+            raise FetchError(f"chunk length {nbytes} not in 1..{dst.numel()} (the tensor size)")
+        n = -(-nbytes // _FB)
+        if n > MAX_FRAGMENTS:
+            raise FetchError(
+                f"a {nbytes}-byte chunk has {n} fragments; KVP addresses at most {MAX_FRAGMENTS}"
+            )
+        start = time.monotonic()
+        report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
+        st = _State(tenant, key, nbytes, n, dst.numpy(), report)
+        try:
+            self._run(st, start + self.deadline_s)
+            report.outcome = FetchOutcome.COMPLETE
+        except _GiveUp as give_up:
+            report.outcome = FetchOutcome.RECOMPUTE
+            report.reason = give_up.reason
+        report.duration_s = time.monotonic() - start
+        return report
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _run(self, st: _State, deadline: float) -> None:
+        sock = self._sock
+        while st.missing:
+            now = time.monotonic()
+            if now >= deadline:
+                raise _GiveUp(RecomputeReason.DEADLINE)
+            self._expire(st, now)
+            self._send(st, now)
+            wake = min((g.deadline for g in st.inflight.values()), default=now + self.timeout_s)
+            ready, _, _ = select.select([sock], [], [], max(0.0, min(wake, deadline) - now))
+            if not ready:
+                continue
+            while st.missing:
+                try:
+                    nrecv = sock.recv_into(self._rbuf)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionRefusedError:  # an ICMP error for an earlier GET: a timeout
+                    continue
+                self._receive(st, nrecv)
+
+    def _send(self, st: _State, now: float) -> None:
+        frag, k, n = st.frag, self.frags_per_get, st.n
+        path = self.paths[st.path]
+        while len(st.inflight) < self.window:
+            i = frag.find(_MISSING, st.scan)
+            if i < 0:
+                st.scan = n
+                return
+            st.scan = i
+            j, lim = i + 1, min(i + k, n)
+            while j < lim and frag[j] == _MISSING:
+                j += 1
+            rid = self._next_req
+            self._next_req = (rid + 1) & 0xFFFFFFFF
+            KVP_STRUCT.pack_into(
+                self._get, 0, _GET_VO, path.flags, 0, 0, st.tenant, self.group, st.key,
+                rid, 0, i, j - i, 0, 0, 0, 0,
+            )  # fmt: skip
+            try:
+                self._sock.sendto(self._get, path.addr)
+            except BlockingIOError:
+                return
+            except OSError:
+                pass  # unreachable now; the timeout retries it
+            st.report.gets_sent += 1
+            frag[i:j] = bytes([_REQUESTED]) * (j - i)
+            for f in range(i, j):
+                st.owner[f] = rid
+            rto = min(self.timeout_s * (1 << st.tries[i]), self.max_timeout_s)
+            st.inflight[rid] = _Get(i, j - i, now + rto, st.path)
+            st.sent[rid] = st.path
+            st.scan = j
+
+    def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
+        """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
+        frag, owner, tries = st.frag, st.owner, st.tries
+        exhausted = False
+        for f in range(g.start, g.start + g.count):
+            if frag[f] == _REQUESTED and owner[f] == rid:
+                frag[f] = _MISSING
+                if failed:
+                    tries[f] = min(tries[f] + 1, 255)
+                    exhausted |= tries[f] > self.max_retries
+        st.scan = min(st.scan, g.start)
+        if failed:
+            st.report.retries += 1
+        if exhausted:
+            self._next_path(st, RecomputeReason.NO_ANSWER)
+
+    def _expire(self, st: _State, now: float) -> None:
+        expired = [(rid, g) for rid, g in st.inflight.items() if g.deadline <= now]
+        for rid, g in expired:
+            if st.inflight.pop(rid, None) is not None:
+                st.report.timeouts += 1
+                self._release(st, rid, g, failed=True)
+
+    def _next_path(self, st: _State, reason: RecomputeReason) -> None:
+        """Moves to the next path (the pool, directly), or gives up with ``reason``."""
+        if st.path + 1 >= len(self.paths):
+            raise _GiveUp(reason)
+        st.path += 1
+        st.report.fell_back = True
+        frag = st.frag
+        for g in st.inflight.values():
+            for f in range(g.start, g.start + g.count):
+                if frag[f] == _REQUESTED:
+                    frag[f] = _MISSING
+        st.inflight.clear()
+        st.tries = bytearray(st.n)
+        st.scan = 0
+
+    def _receive(self, st: _State, nrecv: int) -> None:
+        report = st.report
+        if nrecv < _HDR:
+            report.ignored += 1
+            return
+        (vo, flags, status, _r0, tenant, group, key, rid, _epoch, first, total, plen, _r1, _ix,
+         crc) = KVP_STRUCT.unpack_from(self._rbuf)  # fmt: skip
+        if (vo != _DATA_VO and vo != _NACK_VO) or tenant != st.tenant or key != st.key:
+            report.ignored += 1
+            return
+        path = st.sent.get(rid)
+        if path is None and not (
+            vo == _DATA_VO and flags & c.KVP_FLAG_REPLICA and group != 0 and group == self.group
+        ):
+            report.ignored += 1
+            return
+        if vo == _NACK_VO:
+            report.nacks += 1
+            self._nack(st, rid, status, path)
+            return
+        n = st.n
+        last = first + -(-plen // _FB)
+        lo = first * _FB
+        if (
+            plen == 0
+            or plen > nrecv - _HDR
+            or total != n
+            or last > n
+            or lo + plen != min(last * _FB, st.nbytes)
+        ):
+            report.invalid += 1
+            return
+        g = st.inflight.get(rid)
+        payload = self._rview[_HDR : _HDR + plen]
+        if fragment_crc(tenant, key, first, payload) != crc:
+            report.crc_failures += 1
+            if g is not None:
+                del st.inflight[rid]
+                self._release(st, rid, g, failed=True)
+            return
+        frag = st.frag
+        new = (last - first) - frag.count(_PRESENT_BYTE, first, last)
+        if new == 0:
+            report.duplicates += 1
+        else:
+            st.dst[lo : lo + plen] = self._rnp[_HDR : _HDR + plen]
+            frag[first:last] = _PRESENT_BYTE * (last - first)
+            st.missing -= new
+            if flags & c.KVP_FLAG_HIT:
+                report.frags_hit += new
+            else:
+                report.frags_pool += new
+        if g is not None:
+            if flags & c.KVP_FLAG_HIT:
+                # The switch answers a GET with its first fragment only: ask for the rest anew.
+                del st.inflight[rid]
+                self._release(st, rid, g, failed=False)
+            elif frag.count(_PRESENT_BYTE, g.start, g.start + g.count) == g.count:
+                del st.inflight[rid]
+
+    def _nack(self, st: _State, rid: int, status: int, path: int | None) -> None:
+        if path != st.path:
+            return  # about a path already abandoned
+        if status == c.KVP_STATUS_NOT_FOUND:
+            self._next_path(st, RecomputeReason.NOT_FOUND)
+        elif status == c.KVP_STATUS_BAD_REQUEST:
+            raise _GiveUp(RecomputeReason.LENGTH_MISMATCH)
+        else:
+            g = st.inflight.pop(rid, None)
+            if g is not None:
+                self._release(st, rid, g, failed=True)

@@ -1,0 +1,228 @@
+"""Fake KVP peers for fetch-client tests: a UDP server whose answers come from a function.
+
+Responders build on the real pool-node handler and then drop, corrupt, duplicate, reorder or
+mislabel its replies, or play the switch (HIT: the requested fragment only, from "SRAM").
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from kvcast import p4constants as c
+from kvcast.wire import KVP_STRUCT, KvpHeader, data_message, fragment_crc
+from poolnode.backend import InMemoryBackend
+from poolnode.server import KvpGetHandler
+
+Respond = Callable[[bytes], list[bytes]]
+
+
+class FakeServer:
+    """A UDP server on 127.0.0.1 answering each datagram with ``respond(datagram)``.
+
+    ``idle()`` of the responder, if it has one, runs whenever 10 ms pass without a datagram.
+    """
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+        self.received = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.01)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._peer: tuple[str, int] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()
+        return host, port
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, peer = self._sock.recvfrom(65536)
+            except TimeoutError:
+                idle = getattr(self.respond, "idle", None)
+                if idle is not None and self._peer is not None:
+                    for out in idle():
+                        self._sock.sendto(out, self._peer)
+                continue
+            self.received += 1
+            self._peer = peer
+            for out in self.respond(data):
+                self._sock.sendto(out, peer)
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+
+def pool(backend: InMemoryBackend) -> Respond:
+    """The real pool-node logic."""
+    handler = KvpGetHandler(backend)
+    return lambda d: [h + bytes(p) for h, p in handler.handle(d)]
+
+
+def silent(_datagram: bytes) -> list[bytes]:
+    """Never answers."""
+    return []
+
+
+class Corrupting:
+    """The pool, but the first DATA carrying fragment ``frag`` has one payload byte flipped."""
+
+    def __init__(self, backend: InMemoryBackend, frag: int) -> None:
+        self.inner = pool(backend)
+        self.frag = frag
+        self.done = False
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        out = []
+        for reply in self.inner(datagram):
+            hdr = KvpHeader.unpack(reply)
+            n = -(-hdr.payload_len // c.FRAG_BYTES)
+            if not self.done and hdr.op == c.KVP_OP_DATA and hdr.frag_idx <= self.frag:
+                if self.frag < hdr.frag_idx + n:
+                    self.done = True
+                    flip = bytearray(reply)
+                    flip[c.KVP_HDR_BYTES + (self.frag - hdr.frag_idx) * c.FRAG_BYTES] ^= 0xFF
+                    reply = bytes(flip)
+            out.append(reply)
+        return out
+
+
+class Dropping:
+    """The pool, but the first answer to a GET starting at a fragment in ``frags`` is lost."""
+
+    def __init__(self, backend: InMemoryBackend, frags: set[int]) -> None:
+        self.inner = pool(backend)
+        self.pending = set(frags)
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        first = KvpHeader.unpack(datagram).frag_idx
+        if first in self.pending:
+            self.pending.discard(first)
+            return []
+        return self.inner(datagram)
+
+
+class DuplicatingReordering:
+    """The pool, but replies are held, then sent newest first, each twice."""
+
+    def __init__(self, backend: InMemoryBackend, batch: int = 3) -> None:
+        self.inner = pool(backend)
+        self.batch = batch
+        self.held: list[bytes] = []
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        self.held.extend(self.inner(datagram))
+        return self.idle() if len(self.held) >= self.batch else []
+
+    def idle(self) -> list[bytes]:
+        out = [r for r in reversed(self.held) for _ in range(2)]
+        self.held = []
+        return out
+
+
+class Mislabelling:
+    """The pool, preceded by look-alike DATA of bogus bytes with valid CRCs for each GET: one
+    under another key, one under another request id, one for another tenant."""
+
+    def __init__(self, backend: InMemoryBackend) -> None:
+        self.inner = pool(backend)
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        g = KvpHeader.unpack(datagram)
+        real = self.inner(datagram)
+        fakes = []
+        for reply in real:
+            hdr = KvpHeader.unpack(reply)
+            if hdr.op != c.KVP_OP_DATA:
+                continue
+            bogus = bytes([0xA5]) * hdr.payload_len
+            for tenant, key, req_id in (
+                (g.tenant, g.key ^ 1, g.req_id),
+                (g.tenant, g.key, g.req_id ^ 0x5A5A),
+                (g.tenant ^ 1, g.key, g.req_id),
+            ):
+                fakes.append(
+                    data_message(tenant, key, hdr.frag_idx, hdr.frag_count, bogus, req_id=req_id)
+                )
+        return fakes + real
+
+
+class Switch:
+    """A switch holding ``chunk`` in SRAM for fragments below ``hit_below``: a GET for such a
+    fragment comes back as DATA with HIT and that one fragment, padded to FRAG_BYTES as the
+    switch rewrites the GET in place; any other GET goes to ``behind`` (the pool owner)."""
+
+    def __init__(
+        self, tenant: int, key: int, chunk: bytes, hit_below: int, behind: Respond, epoch: int = 9
+    ) -> None:
+        self.tenant, self.key, self.chunk = tenant, key, chunk
+        self.hit_below, self.behind, self.epoch = hit_below, behind, epoch
+        self.frag_count = -(-len(chunk) // c.FRAG_BYTES)
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        fields = list(KVP_STRUCT.unpack_from(datagram))
+        flags, tenant, key, frag_idx = fields[1], fields[4], fields[6], fields[9]
+        cached = (tenant, key) == (self.tenant, self.key) and not flags & c.KVP_FLAG_NOCACHE
+        if not cached or frag_idx >= self.hit_below:
+            return self.behind(datagram)
+        frag = self.chunk[frag_idx * c.FRAG_BYTES : (frag_idx + 1) * c.FRAG_BYTES]
+        fields[0] = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
+        fields[1] = flags | c.KVP_FLAG_HIT
+        fields[8] = self.epoch
+        fields[10] = self.frag_count
+        fields[11] = len(frag)
+        fields[14] = fragment_crc(tenant, key, frag_idx, frag)
+        return [KVP_STRUCT.pack(*fields) + frag.ljust(c.FRAG_BYTES, b"\0")]
+
+
+class Replicating:
+    """The pool's answers delivered as multicast replicas of another host's request: REPLICA
+    flag, ``group``, and a request id this host never used."""
+
+    def __init__(self, backend: InMemoryBackend, group: int) -> None:
+        self.inner = pool(backend)
+        self.group = group
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        out = []
+        for reply in self.inner(datagram):
+            raw = bytearray(reply)
+            raw[1] |= c.KVP_FLAG_REPLICA
+            struct.pack_into("!H", raw, 6, self.group)
+            rid = struct.unpack_from("!I", raw, 16)[0]
+            struct.pack_into("!I", raw, 16, rid ^ 0x80000001)
+            out.append(bytes(raw))
+        return out
+
+
+class Partial:
+    """The pool for fragments below ``upto``; silence for the rest."""
+
+    def __init__(self, backend: InMemoryBackend, upto: int) -> None:
+        self.inner = pool(backend)
+        self.upto = upto
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        g = KvpHeader.unpack(datagram)
+        if g.frag_idx >= self.upto:
+            return []
+        count = min(g.frag_count, self.upto - g.frag_idx)
+        return self.inner(datagram[:26] + struct.pack("!H", count) + datagram[28:])

@@ -1,0 +1,307 @@
+"""The fetch client against the real pool-node server and fake peers on loopback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hostagent.fetch import Address, FetchClient, FetchError, FetchOutcome, RecomputeReason
+from hostagent.layout import KVLayout
+from kvcast import p4constants as c
+from kvcast.wire import KvpHeader, nack_message
+from poolnode.backend import InMemoryBackend
+from poolnode.server import PoolServer
+from tests.hostagent.fakes import (
+    Corrupting,
+    Dropping,
+    DuplicatingReordering,
+    FakeServer,
+    Mislabelling,
+    Partial,
+    Replicating,
+    Switch,
+    pool,
+    silent,
+)
+
+TENANT, KEY = 3, 0x0123456789ABCDEF
+NFRAGS = 23
+CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 77)
+# FAST gives up quickly (tests of failure paths); STEADY's first timeout is long enough that a
+# loaded machine does not cause spurious retries (tests that count exactly).
+FAST = {"timeout_s": 0.01, "max_timeout_s": 0.04, "max_retries": 2, "deadline_s": 5.0}
+STEADY = {"timeout_s": 0.2, "max_timeout_s": 0.4, "max_retries": 2, "deadline_s": 10.0}
+
+
+def make_client(
+    service: Address | None,
+    pool_addr: Address | None = None,
+    timing: dict[str, float] = FAST,
+    group: int = 0,
+) -> FetchClient:
+    return FetchClient(
+        service,
+        pool_addr,
+        timeout_s=timing["timeout_s"],
+        max_timeout_s=timing["max_timeout_s"],
+        max_retries=int(timing["max_retries"]),
+        deadline_s=timing["deadline_s"],
+        group=group,
+    )
+
+
+@pytest.fixture
+def backend() -> InMemoryBackend:
+    b = InMemoryBackend()
+    b.put(TENANT, KEY, CHUNK)
+    return b
+
+
+@pytest.fixture
+def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
+    with PoolServer(backend, "127.0.0.1", 0) as srv:
+        yield srv
+
+
+def dst() -> torch.Tensor:
+    return torch.zeros(len(CHUNK), dtype=torch.uint8)
+
+
+def as_bytes(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+def test_complete_fetch_from_the_pool_server(pool_server: PoolServer) -> None:
+    out = dst()
+    with make_client(pool_server.address, timing=STEADY) as client:
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert as_bytes(out) == CHUNK
+    assert (report.frags_pool, report.frags_hit, report.retries) == (NFRAGS, 0, 0)
+    assert report.nbytes == len(CHUNK)
+
+
+def test_fetch_block_fills_the_layout_view(backend: InMemoryBackend) -> None:
+    layout = KVLayout(2, 2, 16, torch.bfloat16, block_size=8)
+    kv = torch.randn(layout.shape).to(torch.bfloat16)
+    backend.put(TENANT, 77, layout.as_bytes(kv).numpy().tobytes())
+    chunk = layout.alloc_chunk(pin=False)
+    with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
+        report = client.fetch_block(TENANT, 77, layout, chunk)
+    assert report.ok
+    assert torch.equal(layout.view(chunk), kv)
+
+
+def test_not_found_through_the_switch_falls_back_to_the_pool(backend: InMemoryBackend) -> None:
+    with (
+        FakeServer(pool(InMemoryBackend())) as service,
+        FakeServer(pool(backend)) as direct,
+        make_client(service.address, direct.address) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and report.fell_back
+    assert report.nacks >= 1
+    assert as_bytes(out) == CHUNK
+
+
+def test_not_found_everywhere_is_recompute(pool_server: PoolServer) -> None:
+    with make_client(pool_server.address, pool_server.address) as client:
+        report = client.fetch(TENANT, KEY + 1, dst())
+    assert report.outcome is FetchOutcome.RECOMPUTE
+    assert report.reason is RecomputeReason.NOT_FOUND
+    assert report.fell_back and not report.ok
+
+
+def test_silent_service_times_out_then_falls_back(pool_server: PoolServer) -> None:
+    with (
+        FakeServer(silent) as service,
+        make_client(service.address, pool_server.address) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and report.fell_back
+    assert report.timeouts > 0 and report.retries > 0
+    assert as_bytes(out) == CHUNK
+
+
+def test_no_answer_anywhere_is_recompute() -> None:
+    with (
+        FakeServer(silent) as a,
+        FakeServer(silent) as b,
+        make_client(a.address, b.address) as client,
+    ):
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.reason is RecomputeReason.NO_ANSWER
+    assert not report.ok
+
+
+def test_corrupted_fragment_is_counted_and_fetched_again(backend: InMemoryBackend) -> None:
+    with (
+        FakeServer(Corrupting(backend, frag=7)) as srv,
+        make_client(srv.address, timing=STEADY) as cl,
+    ):
+        out = dst()
+        report = cl.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert report.crc_failures == 1
+    assert report.retries >= 1
+    assert as_bytes(out) == CHUNK
+
+
+def test_lost_fragments_are_retried(backend: InMemoryBackend) -> None:
+    responder = Dropping(backend, frags={0, 10, 20})
+    with FakeServer(responder) as srv, make_client(srv.address, timing=STEADY) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert report.timeouts == 3 and report.retries == 3
+    assert not report.fell_back
+    assert as_bytes(out) == CHUNK
+
+
+def test_duplicate_and_reordered_data_complete_the_chunk(backend: InMemoryBackend) -> None:
+    with (
+        FakeServer(DuplicatingReordering(backend)) as srv,
+        make_client(srv.address) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert report.duplicates >= 1
+    assert as_bytes(out) == CHUNK
+
+
+def test_data_for_another_key_tenant_or_request_is_ignored(backend: InMemoryBackend) -> None:
+    with FakeServer(Mislabelling(backend)) as srv, make_client(srv.address) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert report.ignored >= 3
+    assert as_bytes(out) == CHUNK
+
+
+def test_switch_hits_are_one_fragment_per_get_and_counted_as_hit(
+    backend: InMemoryBackend,
+) -> None:
+    switch = Switch(TENANT, KEY, CHUNK, hit_below=NFRAGS, behind=pool(backend))
+    with FakeServer(switch) as srv, make_client(srv.address, timing=STEADY) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert (report.frags_hit, report.frags_pool) == (NFRAGS, 0)
+    assert report.gets_sent == NFRAGS
+    assert as_bytes(out) == CHUNK
+
+
+def test_switch_and_pool_fragments_are_counted_apart(backend: InMemoryBackend) -> None:
+    switch = Switch(TENANT, KEY, CHUNK, hit_below=10, behind=pool(backend))
+    with FakeServer(switch) as srv, make_client(srv.address) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert (report.frags_hit, report.frags_pool) == (10, NFRAGS - 10)
+    assert as_bytes(out) == CHUNK
+
+
+def test_fallback_gets_carry_nocache(backend: InMemoryBackend) -> None:
+    # A "switch" that would serve everything from SRAM unless told NOCACHE: after the service
+    # path fails, the direct GETs must bypass it.
+    switch = Switch(TENANT, KEY, CHUNK, hit_below=NFRAGS, behind=pool(backend))
+    with (
+        FakeServer(silent) as service,
+        FakeServer(switch) as direct,
+        make_client(service.address, direct.address) as client,
+    ):
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.ok and report.fell_back
+    assert (report.frags_hit, report.frags_pool) == (0, NFRAGS)
+
+
+def test_replicas_of_another_hosts_request_are_accepted_in_its_group(
+    backend: InMemoryBackend,
+) -> None:
+    with (
+        FakeServer(Replicating(backend, group=42)) as srv,
+        make_client(srv.address, group=42) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert as_bytes(out) == CHUNK
+
+
+def test_replicas_for_another_group_are_ignored(backend: InMemoryBackend) -> None:
+    with (
+        FakeServer(Replicating(backend, group=42)) as srv,
+        make_client(srv.address, group=0) as client,
+    ):
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.reason is RecomputeReason.NO_ANSWER
+    assert report.ignored > 0
+
+
+def test_partly_served_chunk_is_never_reported_valid(backend: InMemoryBackend) -> None:
+    with FakeServer(Partial(backend, upto=12)) as srv, make_client(srv.address) as client:
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.outcome is FetchOutcome.RECOMPUTE
+    assert report.frags_pool == 12
+    assert not report.ok
+
+
+def test_pool_holding_a_shorter_chunk_is_a_length_mismatch(backend: InMemoryBackend) -> None:
+    backend.put(TENANT, 5, CHUNK[: 4 * c.FRAG_BYTES])
+    with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
+        report = client.fetch(TENANT, 5, dst())
+    assert report.reason is RecomputeReason.LENGTH_MISMATCH
+
+
+def test_overall_deadline_bounds_a_fetch() -> None:
+    timing = dict(FAST, deadline_s=0.05, max_retries=50)
+    with FakeServer(silent) as srv, make_client(srv.address, timing=timing) as client:
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.reason is RecomputeReason.DEADLINE
+
+
+def test_consecutive_fetches_on_one_client_do_not_mix(backend: InMemoryBackend) -> None:
+    other = os.urandom(5 * c.FRAG_BYTES)
+    backend.put(TENANT, 6, other)
+    with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
+        a, b = dst(), torch.zeros(len(other), dtype=torch.uint8)
+        assert client.fetch(TENANT, KEY, a).ok
+        assert client.fetch(TENANT, 6, b).ok
+    assert (as_bytes(a), as_bytes(b)) == (CHUNK, other)
+
+
+def test_destination_must_be_a_flat_uint8_tensor(pool_server: PoolServer) -> None:
+    with FetchClient(pool_server.address) as client:
+        with pytest.raises(FetchError, match="uint8"):
+            client.fetch(TENANT, KEY, torch.zeros(10, dtype=torch.float32))
+        with pytest.raises(FetchError, match="chunk length"):
+            client.fetch(TENANT, KEY, torch.zeros(10, dtype=torch.uint8), nbytes=11)
+
+
+def test_client_needs_an_address() -> None:
+    with pytest.raises(ValueError, match="address"):
+        FetchClient(None, None)
+
+
+def test_unavailable_pool_is_retried(backend: InMemoryBackend) -> None:
+    inner = pool(backend)
+    refused: list[int] = []
+
+    def flaky(datagram: bytes) -> list[bytes]:
+        if not refused:
+            refused.append(1)
+            return [nack_message(KvpHeader.unpack(datagram), c.KVP_STATUS_UNAVAILABLE)]
+        return inner(datagram)
+
+    with FakeServer(flaky) as srv, make_client(srv.address, timing=STEADY) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert (report.nacks, report.retries) == (1, 1)
+    assert as_bytes(out) == CHUNK
