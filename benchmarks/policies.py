@@ -1,0 +1,189 @@
+"""Benchmark: cache-selection policies against the offline optimum, and batch ranking speed.
+
+Replays each workload through every online policy at SRAM budgets of 128 to 4,096 equal-size
+blocks, next to Belady's optimum at the same budget, and prints for each (workload, budget,
+policy) the prefix byte hit ratio and its ratio to the optimum. The hit definition is the one
+of :mod:`controlplane.policies.evaluate`: a block is a hit when it is resident and every
+earlier block of its request was a hit.
+
+Workloads: the Mooncake conversation trace (when found), a stationary Zipf prefix workload, the
+same with popularity churn, and agentic fan-out. References next to the optimum: ``belady``
+itself (ratio 1) and, on the trace, ``belady-seen2``, Belady forbidden to admit a block on its
+first access (what perfect foresight gives a policy that only admits chunks it has seen
+before). Full runs add a kvcast parameter sensitivity at two budgets.
+
+Finally it times the controller's batch path: ``record`` of about 1,000,000 block accesses
+(100,000 with ``--quick``) and one ``select`` of the SRAM set, per online policy.
+
+Functions:
+    policy_rows: replay policies at several budgets next to the optimum.
+    run: the suite entry point (prints ``bench policies ...`` and ``bench policies-timing ...``
+        lines and a ratio table per workload).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks import bench_line
+from controlplane.policies import available_policies, make_policy
+from controlplane.policies.evaluate import opt_result, replay
+from controlplane.policies.workloads import (
+    Workload,
+    agentic_fanout_workload,
+    default_trace_path,
+    load_mooncake_trace,
+    zipf_prefix_workload,
+)
+
+__all__ = ["run"]
+
+BUDGETS = (128, 512, 1024, 2048, 4096)
+QUICK_BUDGETS = (128, 512, 2048)
+SENSITIVITY_BUDGETS = (512, 2048)
+
+# label -> (registered policy, parameters) for the kvcast sensitivity rows.
+SENSITIVITY: Mapping[str, tuple[str, Mapping[str, Any]]] = {
+    "kvcast-hl10s": ("kvcast", {"half_life_s": 10.0}),
+    "kvcast-hl300s": ("kvcast", {"half_life_s": 300.0}),
+    "kvcast-hostw1": ("kvcast", {"repeat_host_weight": 1.0}),
+    "kvcast-hyst0": ("kvcast", {"hysteresis": 0.0}),
+    "kvcast-open": ("kvcast", {"prefix_closed": False}),
+}
+
+
+def _workloads(quick: bool) -> list[Workload]:
+    out = []
+    trace = default_trace_path()
+    if trace is not None:
+        out.append(load_mooncake_trace(trace, limit=3000 if quick else None))
+    else:
+        print("# conversation trace not found (set KVCAST_TRACE); skipping it", flush=True)
+    n = 3000 if quick else 12000
+    out.append(zipf_prefix_workload(n_requests=n))
+    out.append(zipf_prefix_workload(n_requests=n, churn_period_s=300.0, name="zipf-churn"))
+    out.append(agentic_fanout_workload(n_tasks=80 if quick else 300))
+    return out
+
+
+def policy_rows(
+    w: Workload,
+    budgets: Sequence[int],
+    policies: Mapping[str, tuple[str, Mapping[str, Any]]],
+    table: dict[int, dict[str, float]],
+) -> list[str]:
+    """Replay ``policies`` at each budget next to the optimum and print one line per run.
+
+    Args:
+        w: the workload.
+        budgets: budgets in blocks.
+        policies: row label -> (registered policy name, constructor parameters).
+        table: filled in place: budget -> label -> ratio to optimum (plus ``opt_byte_hit``).
+
+    Returns:
+        The printed lines (the optimum's row first at each budget).
+    """
+    lines = []
+    for blocks in budgets:
+        capacity = blocks * w.block_bytes
+        opt = opt_result(w, capacity)
+        row = table.setdefault(blocks, {})
+        row["opt_byte_hit"] = opt.byte_hit_ratio
+        runs = [("belady", opt)]
+        for label, (name, params) in policies.items():
+            extra = dict(params)
+            if name == "belady":
+                extra["future"] = w.key_sequence()
+            runs.append((label, replay(w, make_policy(name, capacity_bytes=capacity, **extra))))
+        for label, r in runs:
+            ratio = r.hit_bytes / opt.hit_bytes if opt.hit_bytes else 1.0
+            row[label] = ratio
+            line = bench_line(
+                "policies",
+                workload=w.name,
+                budget=blocks,
+                policy=label,
+                byte_hit=round(r.byte_hit_ratio, 4),
+                ratio_to_opt=round(ratio, 3),
+                any_byte_hit=round(r.any_byte_hit_ratio, 4),
+                admissions=r.admissions,
+                evictions=r.evictions,
+                demotes=r.demotes,
+                demote_precision=round(r.demote_precision, 3) if r.demotes else "-",
+                drop_regret=round(r.drop_regret, 3) if r.evictions > r.demotes else "-",
+                replay_s=round(r.seconds, 2),
+            )
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
+def _print_table(w: Workload, table: dict[int, dict[str, float]]) -> None:
+    labels: list[str] = []
+    for row in table.values():
+        labels += [k for k in row if k != "opt_byte_hit" and k not in labels]
+    print(f"# {w.name}: {w.n_refs} block refs; {w.description}")
+    print("# ratio to optimum (prefix byte hit); last column: the optimum's byte hit ratio")
+    print("# " + "budget".rjust(6) + "".join(f"{lab:>14}" for lab in labels) + f"{'opt':>9}")
+    for blocks, row in table.items():
+        cells = "".join(f"{row[lab]:>14.3f}" if lab in row else f"{'-':>14}" for lab in labels)
+        print(f"# {blocks:>6}{cells}{row['opt_byte_hit']:>9.4f}", flush=True)
+
+
+def _timing(quick: bool) -> list[str]:
+    n_requests = 7300 if quick else 73000  # about 100,000 / 1,000,000 block references
+    w = zipf_prefix_workload(
+        n_requests=n_requests, n_documents=20000, rate_per_s=24.0, name="zipf-1m"
+    )
+    accesses = w.accesses()
+    lines = []
+    for name in available_policies(include_offline=False):
+        policy = make_policy(name, capacity_bytes=4096 * w.block_bytes)
+        t0 = time.perf_counter()
+        policy.record_many(accesses)
+        t1 = time.perf_counter()
+        decision = policy.select(accesses[-1].time)
+        t2 = time.perf_counter()
+        line = bench_line(
+            "policies-timing",
+            policy=name,
+            accesses=len(accesses),
+            budget=4096,
+            record_s=round(t1 - t0, 3),
+            select_s=round(t2 - t1, 3),
+            accesses_per_s=int(len(accesses) / (t1 - t0)),
+            selected=len(decision.admit),
+        )
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
+def run(quick: bool = False) -> list[str]:
+    """Run the policy comparison and the batch timing.
+
+    Args:
+        quick: trace slice of 3,000 requests, smaller generated workloads, three budgets,
+            no sensitivity rows, 100,000 accesses for the timing.
+
+    Returns:
+        The printed ``bench`` lines.
+    """
+    budgets = QUICK_BUDGETS if quick else BUDGETS
+    online: dict[str, tuple[str, Mapping[str, Any]]] = {
+        name: (name, {}) for name in available_policies(include_offline=False)
+    }
+    lines: list[str] = []
+    for w in _workloads(quick):
+        policies = dict(online)
+        if w.name == "conversation":
+            policies["belady-seen2"] = ("belady", {"min_accesses": 2})
+        table: dict[int, dict[str, float]] = {}
+        lines += policy_rows(w, budgets, policies, table)
+        if not quick:
+            lines += policy_rows(w, SENSITIVITY_BUDGETS, SENSITIVITY, table)
+        _print_table(w, table)
+    lines += _timing(quick)
+    return lines

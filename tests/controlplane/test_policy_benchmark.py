@@ -1,0 +1,69 @@
+"""Smoke tests of the policy benchmark and of the benchmark runner's line format."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_line, parse_line
+from benchmarks.__main__ import discover, format_tables, main
+from benchmarks.policies import policy_rows
+from controlplane.policies.workloads import zipf_prefix_workload
+
+
+def test_bench_line_round_trips_through_parse_line() -> None:
+    line = bench_line("policies", budget=512, policy="kvcast", byte_hit=0.41234567)
+    assert line == "bench policies budget=512 policy=kvcast byte_hit=0.4123"
+    assert parse_line(line) == (
+        "policies",
+        {"budget": "512", "policy": "kvcast", "byte_hit": "0.4123"},
+    )
+    assert parse_line("# a comment") is None
+    assert parse_line("bench switch ratio refswitch/bmv2=0.50") == (
+        "switch",
+        {"label": "ratio", "refswitch/bmv2": "0.50"},
+    )
+
+
+def test_bench_line_rejects_values_with_spaces() -> None:
+    with pytest.raises(ValueError, match="without spaces"):
+        bench_line("x", name="two words")
+
+
+def test_format_tables_groups_rows_by_suite() -> None:
+    text = format_tables(
+        [
+            "bench a k=1 v=2",
+            "noise",
+            "bench b z=9",
+            "bench a k=10 w=3",
+        ]
+    )
+    lines = text.splitlines()
+    assert lines[0] == "== a (2 rows)"
+    assert lines[1].split() == ["k", "v", "w"]
+    assert lines[2].split() == ["1", "2", "-"]
+    assert lines[3].split() == ["10", "-", "3"]
+    assert "== b (1 rows)" in lines
+
+
+def test_runner_discovers_the_policy_suite() -> None:
+    suites, _errors = discover()
+    assert "policies" in {b.name for b in suites}
+
+
+def test_runner_refuses_an_unknown_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--only", "no-such-suite"]) == 2
+    assert "unknown suite" in capsys.readouterr().out
+
+
+def test_policy_rows_report_every_policy_against_the_optimum(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    w = zipf_prefix_workload(n_requests=200, n_documents=30, block_bytes=10)
+    table: dict[int, dict[str, float]] = {}
+    lines = policy_rows(w, [8], {"lru": ("lru", {}), "kvcast": ("kvcast", {})}, table)
+    parsed = [parse_line(line) for line in lines]
+    assert [p[1]["policy"] for p in parsed if p] == ["belady", "lru", "kvcast"]
+    assert table[8]["belady"] == 1.0
+    assert all(0.0 <= table[8][k] <= 1.0 for k in ("lru", "kvcast"))
+    assert capsys.readouterr().out.count("bench policies") == 3
