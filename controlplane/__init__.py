@@ -1,6 +1,9 @@
 """kvcast control plane: decides what the switch caches and installs it.
 
-Subpackages:
-    policies: cache-selection policies behind one interface (``CachePolicy``), a name
+Modules and subpackages (each layer replaceable):
+    errors: typed errors of every layer (``ControlPlaneError`` and subclasses).
+    p4rt: one P4Runtime client object per switch.
+    allocator: the SRAM slot allocator for cached chunks.
+    policies: cache-selection policies behind one interface (``CachePolicy``) with a name
         registry and factory, and the trace-driven evaluation that compares them.
 """

@@ -23,7 +23,7 @@ Classes:
     Decision: admissions, evictions and refusals produced by one call.
     Ranked: one scored chunk in a batch re-rank.
     CachePolicy: abstract base; owns the resident set and byte accounting.
-    PolicyError: base of the typed errors below.
+    PolicyError: base of the typed errors below (a ``ControlPlaneError``).
     PolicyConfigError: bad constructor parameters or unknown policy name.
     InvalidAccessError: an access that no policy can accept (size <= 0, key out of range).
     FutureMismatchError: an offline policy saw an access its recorded future did not contain.
@@ -43,6 +43,8 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
+
+from controlplane.errors import ConfigError, ControlPlaneError
 
 __all__ = [
     "NO_CHANGE",
@@ -67,12 +69,12 @@ KEY_MAX = (1 << 64) - 1
 """Chunk keys are the low 64 bits of the chained block hash (unsigned)."""
 
 
-class PolicyError(Exception):
+class PolicyError(ControlPlaneError):
     """Base class of every error raised by the policy layer."""
 
 
-class PolicyConfigError(PolicyError, ValueError):
-    """A policy name or constructor parameter is invalid."""
+class PolicyConfigError(PolicyError, ConfigError):
+    """A policy name or constructor parameter is invalid (also a ``ValueError``)."""
 
 
 class InvalidAccessError(PolicyError, ValueError):
