@@ -45,7 +45,11 @@ def check_name(tenant: int, key: int) -> None:
 
 
 class PoolBackend(ABC):
-    """Where a pool node keeps chunks. Implementations are safe to call from several threads."""
+    """Where a pool node keeps chunks.
+
+    ``InMemoryBackend`` may be called from several threads; the pool-node server calls its
+    backend from one thread only.
+    """
 
     @abstractmethod
     def get(self, tenant: int, key: int) -> bytes | None:

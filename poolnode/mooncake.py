@@ -142,6 +142,7 @@ class MooncakeMaster:
         self.binary = found
         self.host = host
         self.rpc_port = rpc_port
+        self._requested_port = rpc_port
         self.extra_args = list(extra_args)
         self.start_timeout_s = start_timeout_s
         self._own_log = log_path is None
@@ -178,11 +179,11 @@ class MooncakeMaster:
         with self._lock:
             if self.running():
                 return self
-            fixed_port = self.rpc_port != 0
+            fixed = self._requested_port
             last: MasterStartError | None = None
-            for _ in range(1 if fixed_port else 3):
+            for _ in range(1 if fixed else 3):
                 try:
-                    self._start_once(self.rpc_port if fixed_port else _free_port(self.host))
+                    self._start_once(fixed or _free_port(self.host))
                     atexit.register(self.stop)
                     return self
                 except MasterStartError as exc:
@@ -192,6 +193,9 @@ class MooncakeMaster:
 
     def _start_once(self, rpc_port: int) -> None:
         if self._own_log:
+            if self.log_path:  # the log of a failed earlier attempt
+                with contextlib.suppress(OSError):
+                    os.unlink(self.log_path)
             fd, self.log_path = tempfile.mkstemp(prefix="mooncake_master.", suffix=".log")
             os.close(fd)
         metrics_port = _free_port(self.host)

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
-from poolnode.backend import PoolBackend, PoolBackendError
+from poolnode.backend import PoolBackend
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class KvpGetHandler:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         try:
             chunk = self._read(tenant, key)
-        except (PoolBackendError, ValueError) as exc:
+        except Exception as exc:  # any backend failure is "try again later", never a crash
             log.warning("backend read of tenant %d key %#x failed: %s", tenant, key, exc)
             return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
         if chunk is None:
