@@ -8,7 +8,10 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 
+from hostagent.fetch import FetchClient, RecomputeReason
+from kvcast import p4constants as c
 from poolnode import mooncake
 from poolnode.backend import PoolBackendError
 from poolnode.mooncake import (
@@ -17,6 +20,7 @@ from poolnode.mooncake import (
     MooncakeMaster,
     MooncakeUnavailableError,
 )
+from poolnode.server import PoolServer
 from tests.poolnode.conftest import needs_mooncake
 
 
@@ -127,3 +131,23 @@ def test_second_client_reads_what_the_first_stored(
         assert other.get(9, 0x5EC) == b"shared pool"
     finally:
         other.close()
+
+
+@needs_mooncake
+def test_pool_server_serves_a_chunk_stored_in_mooncake(
+    mooncake_backend: MooncakeBackend,
+) -> None:
+    data = os.urandom(40 * c.FRAG_BYTES + 3)
+    mooncake_backend.put(9, 0xF00D, data)
+    out = torch.zeros(len(data), dtype=torch.uint8)
+    with (
+        PoolServer(mooncake_backend, "127.0.0.1", 0) as server,
+        FetchClient(server.address, timeout_s=0.2, max_timeout_s=0.5) as client,
+    ):
+        report = client.fetch(9, 0xF00D, out)
+        reads = server.stats.backend_reads
+        missing = client.fetch(9, 0xF00E, torch.zeros(10, dtype=torch.uint8))
+    assert report.ok
+    assert out.numpy().tobytes() == data
+    assert reads == 1
+    assert missing.reason is RecomputeReason.NOT_FOUND
