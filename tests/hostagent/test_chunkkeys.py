@@ -150,8 +150,8 @@ def test_from_env_seeds_from_pythonhashseed(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_matches_vllm_block_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm", reason="vllm not installed")
-    from vllm.utils.hashing import sha256_cbor as vllm_sha256_cbor
-    from vllm.v1.core import kv_cache_utils
+    from vllm.utils.hashing import sha256_cbor as vllm_sha256_cbor  # type: ignore[import-not-found]
+    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
 
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     kv_cache_utils.init_none_hash(vllm_sha256_cbor)
