@@ -7,7 +7,8 @@ repeatedly into the same tensor. Each result is one line ``bench <name> key=valu
 absolute numbers depend on the machine, the ratios between lines of one run are what to compare.
 
 Functions:
-    main: run the benchmark and print result lines.
+    run: run the configurations, print and return the result lines (for ``python -m benchmarks``).
+    main: command-line entry point.
 """
 
 from __future__ import annotations
@@ -98,8 +99,46 @@ def _bench(
             proc.join()
 
 
+def run(quick: bool = False, repeat: int = 20) -> list[str]:
+    """Runs every configuration and prints one result line each.
+
+    Args:
+        quick: one small configuration with 3 fetches (a smoke run).
+        repeat: fetches per configuration otherwise.
+
+    Returns:
+        The printed lines, ``bench fetch server=... frag_bytes=... median_ms=... MBps=...``.
+    """
+    small = KVLayout(24, 2, 64, torch.bfloat16, 16)  # 192 KiB chunk, DESIGN.md's small model
+    llama = KVLayout(32, 8, 128, torch.bfloat16, 16)  # 2 MiB chunk, Llama-3-8B
+    configs = [("socket", small, 32, 1500)]
+    if not quick:
+        configs += [
+            ("asyncio", small, 32, 1500),
+            ("socket", small, 8, 1500),
+            ("socket", small, 128, 1500),
+            ("socket", llama, 32, 1500),
+            ("asyncio", llama, 32, 1500),
+            ("socket", llama, 32, 9000),
+        ]
+    lines = []
+    for transport, layout, window, mtu in configs:
+        t0 = time.monotonic()
+        result = _bench(transport, layout, window, mtu, 3 if quick else repeat)
+        fields = " ".join(
+            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+        )
+        line = (
+            f"bench fetch server={transport} frag_bytes={c.FRAG_BYTES} {fields} "
+            f"wall_s={time.monotonic() - t0:.1f}"
+        )
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the benchmark.
+    """Runs the benchmark from the command line.
 
     Args:
         argv: ``--repeat N`` fetches per configuration, ``--quick`` for a smoke run.
@@ -111,26 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="one small configuration")
     args = parser.parse_args(argv)
-    small = KVLayout(24, 2, 64, torch.bfloat16, 16)  # 192 KiB chunk, DESIGN.md's small model
-    llama = KVLayout(32, 8, 128, torch.bfloat16, 16)  # 2 MiB chunk, Llama-3-8B
-    configs = [("socket", small, 32, 1500)]
-    if not args.quick:
-        configs += [
-            ("asyncio", small, 32, 1500),
-            ("socket", small, 8, 1500),
-            ("socket", small, 128, 1500),
-            ("socket", llama, 32, 1500),
-            ("asyncio", llama, 32, 1500),
-            ("socket", llama, 32, 9000),
-        ]
-    print(f"bench frag_bytes={c.FRAG_BYTES}", flush=True)
-    for transport, layout, window, mtu in configs:
-        t0 = time.monotonic()
-        result = _bench(transport, layout, window, mtu, 3 if args.quick else args.repeat)
-        fields = " ".join(
-            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-        )
-        print(f"bench fetch server={transport} {fields} wall_s={time.monotonic() - t0:.1f}")
+    run(args.quick, args.repeat)
     return 0
 
 
