@@ -30,9 +30,10 @@ from tests.hostagent.fakes import (
 TENANT, KEY = 3, 0x0123456789ABCDEF
 NFRAGS = 23
 CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 77)
-# FAST gives up quickly (tests of failure paths); STEADY's first timeout is long enough that a
-# loaded machine does not cause spurious retries (tests that count exactly).
-FAST = {"timeout_s": 0.01, "max_timeout_s": 0.04, "max_retries": 2, "deadline_s": 5.0}
+# FAST gives up within about 0.15 s (tests of failure paths and fallbacks); STEADY's first timeout
+# is long enough that a loaded machine causes no spurious retry (tests that expect one path to
+# succeed, or that count exactly).
+FAST = {"timeout_s": 0.02, "max_timeout_s": 0.08, "max_retries": 2, "deadline_s": 5.0}
 STEADY = {"timeout_s": 0.2, "max_timeout_s": 0.4, "max_retries": 2, "deadline_s": 10.0}
 
 
@@ -89,7 +90,10 @@ def test_fetch_block_fills_the_layout_view(backend: InMemoryBackend) -> None:
     kv = torch.randn(layout.shape).to(torch.bfloat16)
     backend.put(TENANT, 77, layout.as_bytes(kv).numpy().tobytes())
     chunk = layout.alloc_chunk(pin=False)
-    with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
+    with (
+        PoolServer(backend, "127.0.0.1", 0) as srv,
+        make_client(srv.address, timing=STEADY) as client,
+    ):
         report = client.fetch_block(TENANT, 77, layout, chunk)
     assert report.ok
     assert torch.equal(layout.view(chunk), kv)
@@ -166,7 +170,7 @@ def test_lost_fragments_are_retried(backend: InMemoryBackend) -> None:
 def test_duplicate_and_reordered_data_complete_the_chunk(backend: InMemoryBackend) -> None:
     with (
         FakeServer(DuplicatingReordering(backend)) as srv,
-        make_client(srv.address) as client,
+        make_client(srv.address, timing=STEADY) as client,
     ):
         out = dst()
         report = client.fetch(TENANT, KEY, out)
@@ -176,7 +180,10 @@ def test_duplicate_and_reordered_data_complete_the_chunk(backend: InMemoryBacken
 
 
 def test_data_for_another_key_tenant_or_request_is_ignored(backend: InMemoryBackend) -> None:
-    with FakeServer(Mislabelling(backend)) as srv, make_client(srv.address) as client:
+    with (
+        FakeServer(Mislabelling(backend)) as srv,
+        make_client(srv.address, timing=STEADY) as client,
+    ):
         out = dst()
         report = client.fetch(TENANT, KEY, out)
     assert report.ok
@@ -199,7 +206,7 @@ def test_switch_hits_are_one_fragment_per_get_and_counted_as_hit(
 
 def test_switch_and_pool_fragments_are_counted_apart(backend: InMemoryBackend) -> None:
     switch = Switch(TENANT, KEY, CHUNK, hit_below=10, behind=pool(backend))
-    with FakeServer(switch) as srv, make_client(srv.address) as client:
+    with FakeServer(switch) as srv, make_client(srv.address, timing=STEADY) as client:
         out = dst()
         report = client.fetch(TENANT, KEY, out)
     assert report.ok
@@ -226,7 +233,7 @@ def test_replicas_of_another_hosts_request_are_accepted_in_its_group(
 ) -> None:
     with (
         FakeServer(Replicating(backend, group=42)) as srv,
-        make_client(srv.address, group=42) as client,
+        make_client(srv.address, timing=STEADY, group=42) as client,
     ):
         out = dst()
         report = client.fetch(TENANT, KEY, out)
@@ -269,7 +276,10 @@ def test_overall_deadline_bounds_a_fetch() -> None:
 def test_consecutive_fetches_on_one_client_do_not_mix(backend: InMemoryBackend) -> None:
     other = os.urandom(5 * c.FRAG_BYTES)
     backend.put(TENANT, 6, other)
-    with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
+    with (
+        PoolServer(backend, "127.0.0.1", 0) as srv,
+        make_client(srv.address, timing=STEADY) as client,
+    ):
         a, b = dst(), torch.zeros(len(other), dtype=torch.uint8)
         assert client.fetch(TENANT, KEY, a).ok
         assert client.fetch(TENANT, 6, b).ok
