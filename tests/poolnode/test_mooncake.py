@@ -71,6 +71,9 @@ def test_master_that_exits_at_once_raises_with_its_log_and_leaves_nothing(
     with pytest.raises(MasterStartError, match="flag parse failure"):
         master.start()
     assert not master.running()
+    log = master.log_path
+    master.stop()  # the failed start kept its log for the user; stop() removes it
+    assert not os.path.exists(log)
 
 
 def test_master_that_never_listens_is_killed_after_the_timeout(tmp_path: Path) -> None:
@@ -81,6 +84,7 @@ def test_master_that_never_listens_is_killed_after_the_timeout(tmp_path: Path) -
     with pytest.raises(MasterStartError, match="did not listen"):
         master.start()
     assert not master.running()
+    master.stop()
 
 
 def test_stop_is_safe_before_start_and_twice(tmp_path: Path) -> None:
