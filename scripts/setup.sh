@@ -31,11 +31,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kvcast-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing Python packages into .venv"
-  .venv/bin/pip install -q --upgrade pip
-  # The CPU build of torch that lies on disk; an unpinned torch would pull CUDA packages.
-  .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[dev]"
+  echo "setup: installing Python packages into .venv (log: .venv/pip.log)"
+  {
+    .venv/bin/pip install --upgrade pip &&
+    # The CPU build of torch that lies on disk; an unpinned torch would pull CUDA packages.
+    .venv/bin/pip install "torch==2.13.0" &&
+    .venv/bin/pip install -e ".[dev]"
+  } > .venv/pip.log 2>&1 || { tail -n 40 .venv/pip.log >&2; echo "setup: pip failed" >&2; exit 1; }
   touch "$stamp"
 fi
 echo "setup: ok ($(.venv/bin/python --version))"
