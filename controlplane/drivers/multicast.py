@@ -1,0 +1,294 @@
+"""Driver of multicast delivery: PRE groups for consumer sets and the egress replica_dst table.
+
+A GET or pool DATA with ``group = G`` is replicated by the switch to every member of multicast
+group G, each replica being ``(egress port, instance)`` where the instance is the member's
+*replica id*; egress then rewrites each replica's MAC, IPv4 address and UDP port from the
+``replica_dst`` entry of that replica id (docs/protocol.md, "Multicast groups").
+
+So each host gets one replica id for its lifetime (and one replica_dst entry), and each consumer
+set (hosts fetching the same prefix together) gets one group whose replicas are its members'
+``(port, replica id)``. Group ids are handed out round-robin rather than lowest-first, so a
+deleted group's id is not reused at once while a host may still put it in a GET.
+
+Classes:
+    HostEndpoint: a host that can be a group member (where replicas go).
+    MulticastDriver: hosts (replica ids, replica_dst), groups (create / update / delete, one
+        per consumer set), re-installed after a reconnect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import finsy as fy
+
+from controlplane.drivers.base import EntrySpec, MatchKey, TableMirror, ip_int, mac_int
+from controlplane.errors import ConfigError, NotInstalledError, ResourceExhaustedError
+from controlplane.p4rt import SessionInfo, SwitchClient
+from kvcast import p4constants as c
+
+TABLE = c.TABLE_EGRESS_REPLICA_REPLICA_DST
+ACTION = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
+
+
+@dataclass(frozen=True)
+class HostEndpoint:
+    """A host that can receive multicast replicas.
+
+    Attributes:
+        name: unique host name.
+        port: the switch port it is reached through.
+        mac: its MAC address.
+        ip: its IPv4 address.
+        udp_port: the UDP port its fetch client listens on.
+    """
+
+    name: str
+    port: int
+    mac: str
+    ip: str
+    udp_port: int
+
+
+def _rid_key(rid: int) -> MatchKey:
+    return (("rid", rid),)
+
+
+class MulticastDriver:
+    """Replica ids and replica_dst entries for hosts; multicast groups for consumer sets.
+
+    Args:
+        client: the switch.
+        group_ids: the multicast group ids this driver may use (the KVP ``group`` field and
+            v1model's ``mcast_grp`` are 16 bits; 0 means "no group").
+        replica_ids: the replica ids it may give hosts (0 means "not a replica"; the
+            replica_dst table has ``REPLICA_ENTRIES`` entries).
+
+    Raises:
+        ConfigError: a range includes 0.
+    """
+
+    def __init__(
+        self,
+        client: SwitchClient,
+        *,
+        group_ids: range = range(1, 1 << 16),
+        replica_ids: range = range(1, c.REPLICA_ENTRIES + 1),
+    ) -> None:
+        if 0 in group_ids or 0 in replica_ids or not group_ids or not replica_ids:
+            raise ConfigError("group and replica id ranges must be non-empty and exclude 0")
+        self._client = client
+        self._replica_dst = TableMirror(client, TABLE)
+        self._group_ids = group_ids
+        self._replica_ids = replica_ids
+        self._hosts: dict[str, HostEndpoint] = {}
+        self._rids: dict[str, int] = {}
+        self._groups: dict[int, frozenset[str]] = {}
+        self._next_group = 0  # index into group_ids of the next id to try
+
+    # ------------------------------------------------------------------ state
+    def hosts(self) -> dict[str, HostEndpoint]:
+        """The registered hosts by name."""
+        return dict(self._hosts)
+
+    def replica_id(self, host: str) -> int:
+        """A host's replica id.
+
+        Raises:
+            NotInstalledError: no such host.
+        """
+        try:
+            return self._rids[host]
+        except KeyError:
+            raise NotInstalledError(f"no host {host!r}") from None
+
+    def groups(self) -> dict[int, frozenset[str]]:
+        """The installed groups: id -> member host names."""
+        return dict(self._groups)
+
+    def group_of(self, members: Iterable[str]) -> int | None:
+        """The id of the group with exactly these members, if one exists."""
+        wanted = frozenset(members)
+        return next((gid for gid, m in self._groups.items() if m == wanted), None)
+
+    # ------------------------------------------------------------------ hosts
+    async def add_host(self, host: HostEndpoint) -> int:
+        """Registers a host (or changes its address): replica id and replica_dst entry.
+
+        A host whose switch port changed is also moved in every group it belongs to.
+
+        Returns:
+            The host's replica id.
+
+        Raises:
+            ResourceExhaustedError: every replica id is taken.
+            ConfigError: a bad address.
+            SwitchError: a write failed (nothing changed).
+        """
+        rid = self._rids.get(host.name)
+        if rid is None:
+            used = set(self._rids.values())
+            rid = next((r for r in self._replica_ids if r not in used), None)
+            if rid is None:
+                raise ResourceExhaustedError(
+                    f"all {len(self._replica_ids)} replica ids are in use; remove a host"
+                )
+        spec = EntrySpec.of(
+            dict(_rid_key(rid)),
+            ACTION,
+            {"dmac": mac_int(host.mac), "dip": ip_int(host.ip), "dport": host.udp_port},
+        )
+        await self._replica_dst.apply(puts=[spec])
+        old = self._hosts.get(host.name)
+        self._hosts[host.name] = host
+        self._rids[host.name] = rid
+        if old is not None and old.port != host.port:
+            moved = [(gid, m) for gid, m in self._groups.items() if host.name in m]
+            await self._write_groups(moved, modify=True)
+        return rid
+
+    async def remove_host(self, name: str) -> None:
+        """Removes a host: from every group (deleting groups left empty), then its entry.
+
+        Raises:
+            NotInstalledError: no such host.
+            SwitchError: a write failed.
+        """
+        rid = self.replica_id(name)
+        for gid, members in sorted(self._groups.items()):
+            if name in members:
+                rest = members - {name}
+                if rest:
+                    await self.update_group(gid, rest)
+                else:
+                    await self.delete_group(gid)
+        await self._replica_dst.apply(removes=[_rid_key(rid)])
+        del self._hosts[name]
+        del self._rids[name]
+
+    # ------------------------------------------------------------------ groups
+    async def group_for(self, members: Iterable[str]) -> int:
+        """The group of this consumer set: the existing one, or a new one.
+
+        Raises:
+            NotInstalledError: a member is not a registered host.
+            ResourceExhaustedError: every group id is taken.
+            SwitchError: a write failed.
+        """
+        wanted = frozenset(members)
+        gid = self.group_of(wanted)
+        return gid if gid is not None else await self.create_group(wanted)
+
+    async def create_group(self, members: Iterable[str]) -> int:
+        """Creates a group of these hosts.
+
+        Returns:
+            Its id.
+
+        Raises:
+            ConfigError: no members.
+            NotInstalledError: a member is not a registered host.
+            ResourceExhaustedError: every group id is taken.
+            SwitchError: a write failed.
+        """
+        wanted = self._check_members(members)
+        gid = self._free_group_id()
+        await self._write_groups([(gid, wanted)], modify=False)
+        self._groups[gid] = wanted
+        return gid
+
+    async def update_group(self, gid: int, members: Iterable[str]) -> None:
+        """Replaces a group's members.
+
+        Raises:
+            NotInstalledError: no such group, or a member is not a registered host.
+            ConfigError: no members (delete the group instead).
+            SwitchError: a write failed.
+        """
+        if gid not in self._groups:
+            raise NotInstalledError(f"no multicast group {gid}")
+        wanted = self._check_members(members)
+        if wanted != self._groups[gid]:
+            await self._write_groups([(gid, wanted)], modify=True)
+            self._groups[gid] = wanted
+
+    async def delete_group(self, gid: int) -> None:
+        """Deletes a group: GETs and DATA naming it are no longer replicated.
+
+        Raises:
+            NotInstalledError: no such group.
+            SwitchError: a write failed.
+        """
+        if gid not in self._groups:
+            raise NotInstalledError(f"no multicast group {gid}")
+        await self._client.write([-fy.P4MulticastGroupEntry(gid)])
+        del self._groups[gid]
+
+    # ------------------------------------------------------------------ reinstall
+    async def reinstall(self, session: SessionInfo) -> None:
+        """Makes the switch hold exactly this driver's replica_dst entries and groups.
+
+        Raises:
+            SwitchError: a read or write failed.
+        """
+        await self._replica_dst.reconcile()
+        installed: dict[int, tuple[tuple[int, int], ...]] = {}
+        if not session.pipeline_pushed:
+            for ent in await self._client.read([fy.P4MulticastGroupEntry()]):
+                installed[ent.multicast_group_id] = tuple(
+                    sorted(_replica_tuple(r) for r in ent.replicas)
+                )
+        orphans = sorted(set(installed) - set(self._groups))
+        differ = [
+            (g, m)
+            for g, m in sorted(self._groups.items())
+            if g in installed and installed[g] != tuple(self._replicas(m))
+        ]
+        missing = [(g, m) for g, m in sorted(self._groups.items()) if g not in installed]
+        updates: list[Any] = [-fy.P4MulticastGroupEntry(g) for g in orphans]
+        updates += [~self._group_entry(g, m) for g, m in differ]
+        updates += [+self._group_entry(g, m) for g, m in missing]
+        if updates:
+            await self._client.write(updates)
+
+    # ------------------------------------------------------------------ internals
+    def _check_members(self, members: Iterable[str]) -> frozenset[str]:
+        wanted = frozenset(members)
+        if not wanted:
+            raise ConfigError("a multicast group needs at least one member")
+        unknown = sorted(wanted - set(self._hosts))
+        if unknown:
+            raise NotInstalledError(f"hosts {unknown} are not registered (add_host first)")
+        return wanted
+
+    def _free_group_id(self) -> int:
+        n = len(self._group_ids)
+        for step in range(n):
+            gid = self._group_ids[(self._next_group + step) % n]
+            if gid not in self._groups:
+                self._next_group = (self._next_group + step + 1) % n
+                return gid
+        raise ResourceExhaustedError(f"all {n} multicast group ids are in use")
+
+    def _replicas(self, members: frozenset[str]) -> list[tuple[int, int]]:
+        return sorted((self._hosts[h].port, self._rids[h]) for h in members)
+
+    def _group_entry(self, gid: int, members: frozenset[str]) -> fy.P4MulticastGroupEntry:
+        return fy.P4MulticastGroupEntry(gid, replicas=self._replicas(members))
+
+    async def _write_groups(
+        self, groups: list[tuple[int, frozenset[str]]], *, modify: bool
+    ) -> None:
+        entries = [self._group_entry(g, m) for g, m in groups]
+        if entries:
+            await self._client.write([~e if modify else +e for e in entries])
+
+
+def _replica_tuple(replica: Any) -> tuple[int, int]:
+    if isinstance(replica, int):
+        return (replica, 0)
+    if isinstance(replica, tuple):
+        return (int(replica[0]), int(replica[1]))
+    return (int(replica.port), int(replica.instance))
