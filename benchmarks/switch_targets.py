@@ -34,21 +34,8 @@ TENANT, KEY, FRAGS, EPOCH = 1, 0xC0FFEE, 8, 1
 
 
 def _load_chunk(sw: SwitchProcess) -> None:
-    client = sw.client
-    for idx in range(FRAGS):
-        payload = wire.write_message(TENANT, KEY, idx, idx, EPOCH, bytes([idx]) * c.FRAG_BYTES)
-        client.packet_out(
-            wire.udp_frame(
-                SWITCH_MAC, SWITCH_MAC, VIP, VIP, c.KVP_UDP_PORT, c.KVP_UDP_PORT, payload
-            )
-        )
-        client.wait_packet_in(timeout=10)
-    client.insert(
-        c.TABLE_INGRESS_CACHE_CACHE_TABLE,
-        {"tenant": TENANT, "key": KEY},
-        c.ACTION_INGRESS_CACHE_CACHE_HIT,
-        {"slot_base": 0, "frag_count": FRAGS, "epoch": EPOCH},
-    )
+    data = b"".join(bytes([idx]) * c.FRAG_BYTES for idx in range(FRAGS))
+    sw.client.load_chunk(TENANT, KEY, data, slot_base=0, epoch=EPOCH)
 
 
 def _closed_loop(

@@ -38,6 +38,12 @@ class P4RuntimeClientError(RuntimeError):
         self.code = code
         self.details = list(details)
 
+    @property
+    def not_found(self) -> bool:
+        """Every failed update failed with NOT_FOUND (e.g. deleting an absent entry)."""
+        code = str(grpc.StatusCode.NOT_FOUND.value[0])
+        return bool(self.details) and all(d.startswith(f"{code}:") for d in self.details)
+
 
 @dataclass(frozen=True)
 class Lpm:
@@ -373,6 +379,82 @@ class P4RuntimeClient:
             value = egress_port if md.name == "egress_port" else 0
             msg.packet.metadata.add(metadata_id=md.id, value=_enc(value, md.bitwidth))
         self._requests.put(msg)
+
+    def load_chunk(
+        self,
+        tenant: int,
+        key: int,
+        data: bytes,
+        slot_base: int,
+        epoch: int,
+        service_mac: str = "02:00:00:00:00:fe",
+        service_ip: str = "10.0.100.1",
+    ) -> int:
+        """Loads one chunk into switch SRAM in the safe order, blocking.
+
+        Deletes the chunk's cache entry if present, WRITEs every fragment into slots
+        ``slot_base..`` with ``epoch`` and waits for each WRITE_ACK, then inserts the entry. The
+        controller's FragmentLoader (controlplane) does the same asynchronously; this is for
+        tests, benchmarks and experiments that hold a blocking client.
+
+        Args:
+            tenant: tenant id.
+            key: chunk key.
+            data: the chunk's bytes.
+            slot_base: first fragment slot.
+            epoch: epoch of this load (must differ from the slots' previous one).
+            service_mac: MAC the WRITE frames carry (the switch ignores it).
+            service_ip: IPv4 address the WRITE frames carry.
+
+        Returns:
+            The number of fragments written.
+
+        Raises:
+            P4RuntimeClientError: a WRITE was not acknowledged or the entry was refused.
+        """
+        from kvcast import p4constants as c
+        from kvcast import wire
+
+        frag = c.FRAG_BYTES
+        count = max(1, -(-len(data) // frag))
+        match = {"tenant": tenant, "key": key}
+        try:
+            self.delete(c.TABLE_INGRESS_CACHE_CACHE_TABLE, match)
+        except P4RuntimeClientError as exc:
+            if not exc.not_found:
+                raise
+        for idx in range(count):
+            payload = wire.write_message(
+                tenant,
+                key,
+                idx,
+                slot_base + idx,
+                epoch,
+                data[idx * frag : (idx + 1) * frag],
+                req_id=idx,
+            )
+            self.packet_out(
+                wire.udp_frame(
+                    service_mac,
+                    service_mac,
+                    service_ip,
+                    service_ip,
+                    c.KVP_UDP_PORT,
+                    c.KVP_UDP_PORT,
+                    payload,
+                )
+            )
+            ack, _md = self.wait_packet_in(timeout=10)
+            hdr = wire.KvpHeader.unpack(ack, wire.FRAME_KVP_OFFSET)
+            if hdr.op != c.KVP_OP_WRITE_ACK or hdr.index != slot_base + idx:
+                raise P4RuntimeClientError(f"unexpected WRITE_ACK for slot {hdr.index}")
+        self.insert(
+            c.TABLE_INGRESS_CACHE_CACHE_TABLE,
+            match,
+            c.ACTION_INGRESS_CACHE_CACHE_HIT,
+            {"slot_base": slot_base, "frag_count": count, "epoch": epoch},
+        )
+        return count
 
     # ------------------------------------------------------------------ reads
     def _read(self, entity: p4r.Entity) -> list[p4r.Entity]:
