@@ -426,13 +426,8 @@ class KvcastPolicy(CachePolicy):
             m = self._meta[key]
             if m.size > free or m.pri == _NEG_INF:
                 continue
-            if (
-                self._prefix_closed
-                and m.parent is not None
-                and m.parent not in chosen
-                and m.parent in self._meta
-            ):
-                continue
+            if self._prefix_closed and m.parent is not None and m.parent not in chosen:
+                continue  # a block without its parent cannot be served
             chosen[key] = Ranked(key, m.tenant, m.size, float(2.0 ** (m.pri - x)), False, m.parent)
             free -= m.size
         # Evict parents' orphaned descendants together with them: a resident child whose

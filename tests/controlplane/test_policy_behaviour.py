@@ -243,3 +243,12 @@ def test_belady_requires_and_checks_the_future() -> None:
     policy.observe(acc(1, 0.0))
     with pytest.raises(FutureMismatchError):
         policy.observe(acc(3, 1.0))
+
+
+def test_kvcast_batch_select_never_picks_a_block_whose_parent_is_unknown() -> None:
+    policy = KvcastPolicy(8 * B, half_life_s=60.0)
+    for i in range(5):  # the parent (key 1) was never reported, or was forgotten
+        policy.record(acc(2, float(i), parent=1, pos=1))
+        policy.record(acc(3, float(i)))
+    policy.select(5.0)
+    assert policy.resident_keys() == {3}
