@@ -68,6 +68,7 @@ _LOG = logging.getLogger(__name__)
 PacketHandler = Callable[[fy.P4PacketIn], None]
 DigestHandler = Callable[[fy.P4DigestList], None]
 
+_STREAM_MESSAGES = (fy.P4PacketOut, fy.P4DigestListAck)
 _UNAVAILABLE = {
     GRPCStatusCode.UNAVAILABLE,
     GRPCStatusCode.CANCELLED,
@@ -364,6 +365,7 @@ class SwitchClient:
         self._last_error: ControlPlaneError | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._readers: list[asyncio.Task[None]] = []
+        self._stream_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -563,8 +565,15 @@ class SwitchClient:
             WriteError: the switch refused updates (``failures`` says which and why).
         """
         self._require_writer()
+        batch = list(updates)
         try:
-            await self._switch.write(list(updates))
+            if any(isinstance(u, _STREAM_MESSAGES) for u in batch):
+                # grpc.aio allows one pending write per stream and finsy does not serialize
+                # them: concurrent PacketOuts fail with "Internal error from Core".
+                async with self._stream_lock:
+                    await self._switch.write(batch)
+            else:
+                await self._switch.write(batch)
         except fy.P4ClientError as exc:
             raise _translate(exc, self.name, "Write", self.schema) from None
         except (ValueError, KeyError) as exc:
@@ -762,7 +771,8 @@ class SwitchClient:
                     _LOG.exception("%s: digest handler failed", self.name)
             if self._state in (ConnectionState.SYNCING, ConnectionState.READY):
                 try:
-                    await self._switch.write([digest_list.ack()])
+                    async with self._stream_lock:
+                        await self._switch.write([digest_list.ack()])
                 except (fy.P4ClientError, AssertionError) as exc:
                     _LOG.debug("%s: digest ack not sent: %r", self.name, exc)
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import finsy as fy
 
 from controlplane.errors import ConfigError
 from controlplane.p4rt import SwitchClient
 from kvcast.wire import WireError, mac_bytes
+
+T = TypeVar("T")
 
 MatchValue = int | tuple[int, int]
 """An exact (or optional) match value, or ``(value, prefix_len)`` for an LPM field."""
@@ -78,18 +80,34 @@ class EntrySpec:
         """Builds a spec from mappings."""
         return cls(tuple(sorted(match.items())), action, tuple(sorted((params or {}).items())))
 
-    def entry(self, table: str) -> fy.P4TableEntry:
-        """The finsy entry (match and action) for an INSERT or MODIFY."""
+    def entry(self, table: str, schema: fy.P4Schema) -> fy.P4TableEntry:
+        """The finsy entry (match and action) for an INSERT or MODIFY.
+
+        Fields and parameters go out in P4Info order, as p4c and p4runtime-shell send them.
+        """
+        params = _ordered(dict(self.params), [p.name for p in schema.actions[self.action].params])
         return fy.P4TableEntry(
             table,
-            match=fy.P4TableMatch(dict(self.match)),
-            action=fy.P4TableAction(self.action, **dict(self.params)),
+            match=_match(table, self.match, schema),
+            action=fy.P4TableAction(self.action, **params),
         )
 
 
-def key_entry(table: str, match: MatchKey) -> fy.P4TableEntry:
+def _ordered(values: dict[str, T], names: Sequence[str]) -> dict[str, T]:
+    # Unknown names stay (last), so that finsy reports them as encoding errors.
+    return {n: values[n] for n in names if n in values} | {
+        k: v for k, v in values.items() if k not in names
+    }
+
+
+def _match(table: str, match: MatchKey, schema: fy.P4Schema) -> fy.P4TableMatch:
+    names = [f.name for f in schema.tables[table].match_fields]
+    return fy.P4TableMatch(_ordered(dict(match), names))
+
+
+def key_entry(table: str, match: MatchKey, schema: fy.P4Schema) -> fy.P4TableEntry:
     """The finsy entry for a DELETE (match only)."""
-    return fy.P4TableEntry(table, match=fy.P4TableMatch(dict(match)))
+    return fy.P4TableEntry(table, match=_match(table, match, schema))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +173,10 @@ class TableMirror:
         deletes = [m for m in dict.fromkeys(removes) if m in self._entries]
         modifies = [s for s in puts if s.match in self._entries and self._entries[s.match] != s]
         inserts = [s for s in puts if s.match not in self._entries]
-        updates: list[Any] = [-key_entry(self._table, m) for m in deletes]
-        updates += [~s.entry(self._table) for s in modifies]
-        updates += [+s.entry(self._table) for s in inserts]
+        schema = self._client.schema
+        updates: list[Any] = [-key_entry(self._table, m, schema) for m in deletes]
+        updates += [~s.entry(self._table, schema) for s in modifies]
+        updates += [+s.entry(self._table, schema) for s in inserts]
         if updates:
             await self._client.write(updates)
         for m in deletes:
@@ -196,9 +215,11 @@ class TableMirror:
         deletes = [m for m in installed if m not in self._entries]
         modifies = [s for m, s in self._entries.items() if m in installed and installed[m] != s]
         inserts = [s for m, s in self._entries.items() if m not in installed]
-        updates: list[Any] = [-key_entry(self._table, m) for m in sorted(deletes, key=repr)]
-        updates += [~s.entry(self._table) for s in modifies]
-        updates += [+s.entry(self._table) for s in inserts]
+        schema = self._client.schema
+        orphans = sorted(deletes, key=repr)
+        updates: list[Any] = [-key_entry(self._table, m, schema) for m in orphans]
+        updates += [~s.entry(self._table, schema) for s in modifies]
+        updates += [+s.entry(self._table, schema) for s in inserts]
         if updates:
             await self._client.write(updates)
         return ReconcileResult(len(deletes), len(modifies), len(inserts))

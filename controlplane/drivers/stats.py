@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import finsy as fy
@@ -171,7 +171,7 @@ class StatsDriver:
                 out[ChunkId(int(m["tenant"]), int(m["key"]))] = ent.packet_count
         return out
 
-    async def hot_misses(self) -> AsyncIterator[HotMiss]:
+    async def hot_misses(self) -> AsyncGenerator[HotMiss, None]:
         """Yields every hot-miss report from now on (each iterator gets every report).
 
         Reports are buffered per iterator (``queue_size``); when one is full its oldest report

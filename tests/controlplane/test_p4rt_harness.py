@@ -71,6 +71,8 @@ class RefSwitch:
         self.lock = threading.RLock()
         self.requests: list[Message] = []
         self.packet_outs: list[bytes] = []
+        # Writes and PacketOuts in the order the switch applied them.
+        self.log: list[p4r.WriteRequest | bytes] = []
         self.outputs: list[Output] = []
         self.after_write: list[Callable[[p4r.WriteRequest], None]] = []
         self.after_packet_out: list[Callable[[bytes], None]] = []
@@ -132,6 +134,8 @@ class RefSwitch:
                 copy.CopyFrom(request)
                 self.requests.append(copy)
                 response = method(request, context)
+                if isinstance(copy, p4r.WriteRequest):
+                    self.log.append(copy)
                 for hook in hooks:
                     hook(request)
                 return response
@@ -157,6 +161,7 @@ class RefSwitch:
     def _packet_out(self, payload: bytes, metadata: Mapping[str, int]) -> None:
         with self.lock:
             self.packet_outs.append(payload)
+            self.log.append(payload)
             if self.drop_packet_out is not None and self.drop_packet_out(payload):
                 return
             header = ((metadata.get("egress_port", 0) & 0x1FF) << 7).to_bytes(PACKET_OUT_LEN, "big")
