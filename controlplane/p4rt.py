@@ -623,10 +623,6 @@ class SwitchClient:
         """
         await self.write([fy.P4PacketOut(payload, **metadata)])
 
-    def entries_of(self, table: str) -> fy.P4TableEntry:
-        """A wildcard read of every entry of ``table`` (for :meth:`read`)."""
-        return fy.P4TableEntry(table)
-
     # ------------------------------------------------------------------ internals
     def _unavailable(self) -> SwitchUnavailableError:
         why = f"; last error: {self._last_error}" if self._last_error else ""
