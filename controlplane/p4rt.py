@@ -678,7 +678,16 @@ class SwitchClient:
                 self._last_error = SwitchUnavailableError(
                     self.name, f"connection to {self._config.address} failed: {exc!r}"
                 )
-                _LOG.info("%s: %s", self.name, self._last_error)
+                # Connection failures are routine while a switch is down; anything else is a bug
+                # worth a traceback.
+                routine = isinstance(exc, fy.P4ClientError | OSError | ConnectionError)
+                _LOG.log(
+                    logging.INFO if routine else logging.WARNING,
+                    "%s: %s",
+                    self.name,
+                    self._last_error,
+                    exc_info=not routine,
+                )
             self._ready.clear()
             self._state = ConnectionState.CONNECTING
             if synced:
