@@ -13,6 +13,14 @@ backoff; once a fragment has been retried ``max_retries`` times, or the pool ans
 is the same bytes from any source). When that fails too the answer is ``RECOMPUTE``: ordinary
 misses are outcomes, never exceptions, and a partly filled tensor is never reported as valid.
 
+Group fetch: N hosts that need the same chunk share one multicast stream. The **leader** runs
+``fetch`` with a client whose ``group`` is G: its GETs name G, so the switch multicasts each hit
+(or, with ``nocache``, the pool's multi-fragment DATA) to every member of G. The **followers**
+run ``follow``: they send nothing at first and take the replicas of G for the chunk (flag
+``REPLICA``) with the same checks; when the stream stalls (no new fragment for ``stall_s``) a
+follower repairs what it still misses with its own unicast GETs, switch first and the pool
+directly after, so it too ends complete or with a clear ``RECOMPUTE``.
+
 Classes:
     FetchOutcome: COMPLETE or RECOMPUTE.
     RecomputeReason: why a fetch gave up.
@@ -92,6 +100,10 @@ class FetchReport:
         frag_count: fragments in the chunk.
         frags_hit: fragments first received from switch SRAM (``HIT``).
         frags_pool: fragments first received from a pool node (``POOL``).
+        frags_stream: fragments first received as multicast replicas of another member's
+            requests (a group fetch's stream; also counted in ``frags_hit``/``frags_pool``).
+        repairs: fragments a follower received in answer to its own repair GETs.
+        stalled: whether a follower's stream stalled and it started repairing.
         gets_sent: GET messages sent.
         retries: GETs re-sent after a timeout, a CRC failure or NACK UNAVAILABLE.
         timeouts: GETs that went unanswered in time.
@@ -112,6 +124,9 @@ class FetchReport:
     frag_count: int = 0
     frags_hit: int = 0
     frags_pool: int = 0
+    frags_stream: int = 0
+    repairs: int = 0
+    stalled: bool = False
     gets_sent: int = 0
     retries: int = 0
     timeouts: int = 0
@@ -170,6 +185,11 @@ class _State:
     owner: array[int] = field(init=False)
     tries: bytearray = field(init=False)
     missing: int = field(init=False)
+    get_group: int = 0
+    follower: bool = False
+    listening: bool = False
+    stall_s: float = 0.0
+    last_progress: float = 0.0
     scan: int = 0
     path: int = 0
     inflight: dict[int, _Get] = field(default_factory=dict)
@@ -199,8 +219,12 @@ class FetchClient:
         max_timeout_s: cap of the backed-off timeout.
         max_retries: retries of a fragment on one path before moving on.
         deadline_s: bound on a whole fetch.
-        group: multicast group for the replies (0: this host only). DATA replicated to the group
-            (flag ``REPLICA``) for the same chunk is accepted whoever requested it.
+        group: multicast group of this host (0: none). ``fetch`` names it in its GETs, so the
+            replies go to every member (the leader of a group fetch); ``follow`` listens for
+            it. DATA replicated to the group (flag ``REPLICA``) for the chunk being fetched is
+            accepted whoever requested it.
+        nocache: GETs to the service address carry ``NOCACHE``: the switch sends them to the
+            key's pool node without looking at its cache (a pool-served, multi-fragment stream).
         bind: local address of the UDP socket.
         socket_buffer_bytes: SO_RCVBUF to ask for.
 
@@ -221,6 +245,7 @@ class FetchClient:
         max_retries: int = 3,
         deadline_s: float = 5.0,
         group: int = 0,
+        nocache: bool = False,
         bind: Address = ("0.0.0.0", 0),
         socket_buffer_bytes: int = 4 << 20,
     ) -> None:
@@ -233,7 +258,7 @@ class FetchClient:
             )
         self.paths: list[_Path] = []
         if service_addr is not None:
-            self.paths.append(_Path(service_addr, 0, "service"))
+            self.paths.append(_Path(service_addr, c.KVP_FLAG_NOCACHE if nocache else 0, "service"))
         if pool_addr is not None:
             self.paths.append(_Path(pool_addr, c.KVP_FLAG_NOCACHE, "pool"))
         self.window = window
@@ -308,6 +333,61 @@ class FetchClient:
             FetchError: ``dst`` is not a contiguous 1-D uint8 CPU tensor, or ``nbytes`` is not
                 in ``1 .. dst.numel()`` or needs more fragments than a 16-bit index addresses.
         """
+        st = self._start(tenant, key, dst, nbytes)
+        st.get_group = self.group
+        return self._finish(st)
+
+    def follow(
+        self,
+        tenant: int,
+        key: int,
+        dst: torch.Tensor,
+        nbytes: int | None = None,
+        *,
+        stall_s: float = 0.5,
+        first_wait_s: float | None = None,
+    ) -> FetchReport:
+        """Receives one chunk from the group's multicast stream, repairing gaps by unicast.
+
+        A follower of a group fetch sends nothing at first: another member (the leader) asks for
+        the chunk with the group in its GETs, and the switch replicates every reply to this
+        host (flag ``REPLICA``). Each replica is checked as in ``fetch`` (tenant, key, group,
+        range, length, CRC) and written in place. When no new fragment has arrived for
+        ``stall_s`` (``first_wait_s`` before the first one), the follower asks for every
+        fragment it still misses itself, by unicast GETs without a group: to the service
+        address (switch SRAM, else the pool behind it), then to the pool directly, as ``fetch``
+        does; replicas that still arrive keep counting.
+
+        Args:
+            tenant: tenant id.
+            key: chunk key.
+            dst: a contiguous 1-D uint8 CPU tensor (pinned where CUDA exists).
+            nbytes: chunk length; default: ``dst.numel()``.
+            stall_s: silence (no new fragment) after which the follower repairs on its own.
+            first_wait_s: how long to wait for the stream's first fragment; default
+                ``stall_s``.
+
+        Returns:
+            The report (``stalled`` and ``repairs`` say whether and how much it repaired). Only
+            ``report.ok`` means ``dst[:nbytes]`` holds the chunk.
+
+        Raises:
+            FetchError: the client has no group, ``stall_s`` or ``first_wait_s`` is not
+                positive, or ``dst`` and ``nbytes`` are unusable (as for ``fetch``).
+        """
+        if self.group == 0:
+            raise FetchError("follow needs a client with a multicast group (group != 0)")
+        first = stall_s if first_wait_s is None else first_wait_s
+        if stall_s <= 0 or first <= 0:
+            raise FetchError(f"stall_s and first_wait_s must be positive, got {stall_s}, {first}")
+        st = self._start(tenant, key, dst, nbytes)
+        st.follower = st.listening = True
+        st.stall_s = stall_s
+        st.last_progress += first - stall_s
+        return self._finish(st)
+
+    def _start(self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None) -> _State:
+        """Checks the arguments of a fetch and makes its state."""
         if dst.dtype != torch.uint8 or dst.dim() != 1 or not dst.is_contiguous():
             raise FetchError(
                 f"fetch needs a contiguous 1-D uint8 tensor, got {dst.dtype} {tuple(dst.shape)}"
@@ -325,9 +405,15 @@ class FetchClient:
             raise FetchError(
                 f"a {nbytes}-byte chunk has {n} fragments; KVP addresses at most {MAX_FRAGMENTS}"
             )
-        start = time.monotonic()
         report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
+        st.last_progress = time.monotonic()
+        return st
+
+    def _finish(self, st: _State) -> FetchReport:
+        """Runs a fetch to its outcome."""
+        report = st.report
+        start = time.monotonic()
         try:
             self._run(st, start + self.deadline_s)
             report.outcome = FetchOutcome.COMPLETE
@@ -345,9 +431,17 @@ class FetchClient:
             now = time.monotonic()
             if now >= deadline:
                 raise _GiveUp(RecomputeReason.DEADLINE)
-            self._expire(st, now)
-            self._send(st, now)
-            wake = min((g.deadline for g in st.inflight.values()), default=now + self.timeout_s)
+            if st.listening:
+                wake = st.last_progress + st.stall_s
+                if now >= wake:  # the stream stalled: repair the gaps ourselves
+                    st.listening = False
+                    st.report.stalled = True
+                    st.scan = 0
+                    continue
+            else:
+                self._expire(st, now)
+                self._send(st, now)
+                wake = min((g.deadline for g in st.inflight.values()), default=now + self.timeout_s)
             ready, _, _ = select.select([sock], [], [], max(0.0, min(wake, deadline) - now))
             if not ready:
                 continue
@@ -375,7 +469,7 @@ class FetchClient:
             rid = self._next_req
             self._next_req = (rid + 1) & 0xFFFFFFFF
             KVP_STRUCT.pack_into(
-                self._get, 0, _GET_VO, path.flags, 0, 0, st.tenant, self.group, st.key,
+                self._get, 0, _GET_VO, path.flags, 0, 0, st.tenant, st.get_group, st.key,
                 rid, 0, i, j - i, 0, 0, 0, 0,
             )  # fmt: skip
             try:
@@ -483,6 +577,12 @@ class FetchClient:
                 report.frags_hit += new
             else:
                 report.frags_pool += new
+            if path is None:
+                report.frags_stream += new
+            elif st.follower:
+                report.repairs += new
+            if st.listening:
+                st.last_progress = time.monotonic()
         if g is not None:
             if flags & c.KVP_FLAG_HIT:
                 # The switch answers a GET with its first fragment only: ask for the rest anew.

@@ -226,3 +226,75 @@ class Partial:
             return []
         count = min(g.frag_count, self.upto - g.frag_idx)
         return self.inner(datagram[:26] + struct.pack("!H", count) + datagram[28:])
+
+
+Address = tuple[str, int]
+Mangle = Callable[[Address, bytes], bytes | None]
+
+
+class MulticastRelay:
+    """A fake switch VIP with multicast, on loopback.
+
+    GETs are answered by the real pool-node handler. A DATA answering a GET that names a group
+    is sent, with ``REPLICA`` set, to every member address of that group (the requester only
+    gets it as a member, as from the real switch); ``mangle(member, datagram)`` may return an
+    altered copy or ``None`` to lose it. Replies to GETs without a group, and NACKs, go back to
+    the requester. ``gets`` counts the GETs received per requester address.
+    """
+
+    def __init__(
+        self,
+        backend: InMemoryBackend,
+        groups: dict[int, list[Address]],
+        mangle: Mangle | None = None,
+    ) -> None:
+        self.handler = KvpGetHandler(backend)
+        self.groups = groups
+        self.mangle = mangle
+        self.gets: dict[Address, int] = {}
+        self.data_sent = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.01)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @property
+    def address(self) -> Address:
+        host, port = self._sock.getsockname()
+        return host, port
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, peer = self._sock.recvfrom(65536)
+            except TimeoutError:
+                continue
+            self.gets[peer] = self.gets.get(peer, 0) + 1
+            group = KvpHeader.unpack(data).group
+            for header, payload in self.handler.handle(data):
+                reply = header + bytes(payload)
+                if reply[0] & 0xF != c.KVP_OP_DATA or group == 0:
+                    self._sock.sendto(reply, peer)
+                    continue
+                self.data_sent += 1
+                raw = bytearray(reply)
+                raw[1] |= c.KVP_FLAG_REPLICA
+                for member in self.groups.get(group, []):
+                    out = bytes(raw) if self.mangle is None else self.mangle(member, bytes(raw))
+                    if out is not None:
+                        self._sock.sendto(out, member)
+
+    def __enter__(self) -> MulticastRelay:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()

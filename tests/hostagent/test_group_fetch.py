@@ -1,0 +1,195 @@
+"""Group fetch: a leader's GETs name a group, followers take the multicast stream and repair.
+
+The switch is played by ``MulticastRelay`` (the real pool-node handler behind a loopback socket
+that copies every grouped DATA to each member); the real reference switch is in
+test_group_emulation.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from hostagent.fetch import Address, FetchClient, FetchError, FetchReport, RecomputeReason
+from kvcast import p4constants as c
+from kvcast.wire import KvpHeader
+from poolnode.backend import InMemoryBackend
+from poolnode.server import PoolServer
+from tests.hostagent.fakes import FakeServer, MulticastRelay, pool, silent
+
+TENANT, KEY, GROUP = 4, 0xFEEDFACE12345678, 9
+NFRAGS = 23
+CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 100)
+
+
+def client(
+    service: Address | None, pool_addr: Address | None, group: int, nocache: bool = False
+) -> FetchClient:
+    return FetchClient(
+        service,
+        pool_addr,
+        group=group,
+        nocache=nocache,
+        bind=("127.0.0.1", 0),
+        timeout_s=0.2,
+        max_timeout_s=0.4,
+        max_retries=2,
+        deadline_s=20.0,
+    )
+
+
+def dst() -> torch.Tensor:
+    return torch.zeros(len(CHUNK), dtype=torch.uint8)
+
+
+def as_bytes(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+@pytest.fixture
+def backend() -> InMemoryBackend:
+    b = InMemoryBackend()
+    b.put(TENANT, KEY, CHUNK)
+    return b
+
+
+@pytest.fixture
+def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
+    with PoolServer(backend, "127.0.0.1", 0) as srv:
+        yield srv
+
+
+def test_leader_and_two_followers_all_end_verified_and_the_lossy_one_repairs(
+    backend: InMemoryBackend, pool_server: PoolServer
+) -> None:
+    lossy: list[Address] = []
+
+    def mangle(member: Address, datagram: bytes) -> bytes | None:
+        if member not in lossy:
+            return datagram
+        first = KvpHeader.unpack(datagram).frag_idx
+        if first in (5, 15):
+            return None  # lost on the way to f2
+        if first == 10:
+            flipped = bytearray(datagram)
+            flipped[c.KVP_HDR_BYTES + 3] ^= 0x40  # corrupted on the way to f2
+            return bytes(flipped)
+        return datagram
+
+    # The clients' first GET timeout (0.2 s) is long enough that a loaded machine causes no
+    # spurious retry; f1's stall timeout (5 s) is far beyond any gap of a live stream.
+    with MulticastRelay(backend, {}, mangle) as relay:
+        leader = client(relay.address, pool_server.address, GROUP, nocache=True)
+        f1 = client(relay.address, pool_server.address, GROUP)
+        f2 = client(relay.address, pool_server.address, GROUP)
+        lossy.append(f2.address)
+        relay.groups[GROUP] = [leader.address, f1.address, f2.address]
+        bufs = [dst(), dst(), dst()]
+        with ThreadPoolExecutor(3) as ex:
+            fut1 = ex.submit(f1.follow, TENANT, KEY, bufs[1], stall_s=5.0)
+            fut2 = ex.submit(f2.follow, TENANT, KEY, bufs[2], stall_s=0.3)
+            fut0 = ex.submit(leader.fetch, TENANT, KEY, bufs[0])
+            reports: list[FetchReport] = [fut0.result(), fut1.result(), fut2.result()]
+        gets = dict(relay.gets)
+    addr1, addr2 = f1.address, f2.address
+    for cl in (leader, f1, f2):
+        cl.close()
+    assert all(r.ok for r in reports)
+    assert [as_bytes(b) for b in bufs] == [CHUNK] * 3
+    lead, r1, r2 = reports
+    assert (lead.frags_pool, lead.frags_stream, lead.repairs) == (NFRAGS, 0, 0)
+    assert (r1.frags_stream, r1.repairs, r1.stalled) == (NFRAGS, 0, False)
+    assert gets.get(addr1, 0) == 0  # f1 never asked: the stream carried it all
+    assert r2.stalled and r2.crc_failures == 1
+    assert r2.repairs == 15 and r2.frags_stream == NFRAGS - 15
+    assert gets[addr2] >= 1
+
+
+def test_follower_whose_stream_never_comes_repairs_everything(pool_server: PoolServer) -> None:
+    out = dst()
+    with client(pool_server.address, None, GROUP) as follower:
+        report = follower.follow(TENANT, KEY, out, stall_s=0.1)
+    assert report.ok and report.stalled
+    assert (report.repairs, report.frags_stream) == (NFRAGS, 0)
+    assert as_bytes(out) == CHUNK
+
+
+def test_follower_repairs_from_the_pool_directly_when_the_switch_is_silent(
+    pool_server: PoolServer,
+) -> None:
+    with (
+        FakeServer(silent) as switch,
+        FetchClient(
+            switch.address,
+            pool_server.address,
+            group=GROUP,
+            timeout_s=0.02,
+            max_timeout_s=0.05,
+            max_retries=1,
+        ) as follower,
+    ):
+        out = dst()
+        report = follower.follow(TENANT, KEY, out, stall_s=0.05)
+    assert report.ok and report.stalled and report.fell_back
+    assert report.repairs == NFRAGS
+    assert as_bytes(out) == CHUNK
+
+
+def test_follower_with_nothing_anywhere_is_a_clear_failure() -> None:
+    with (
+        FakeServer(silent) as a,
+        FetchClient(
+            a.address, group=GROUP, timeout_s=0.02, max_timeout_s=0.04, max_retries=1
+        ) as follower,
+    ):
+        report = follower.follow(TENANT, KEY, dst(), stall_s=0.05)
+    assert not report.ok
+    assert report.reason is RecomputeReason.NO_ANSWER
+    assert report.stalled and report.repairs == 0
+
+
+def test_follower_ignores_the_stream_of_another_chunk(backend: InMemoryBackend) -> None:
+    other = os.urandom(4 * c.FRAG_BYTES)
+    backend.put(TENANT, KEY + 1, other)
+    with MulticastRelay(backend, {}) as relay:
+        lead = client(relay.address, None, GROUP)
+        fol = client(relay.address, None, GROUP)
+        relay.groups[GROUP] = [lead.address, fol.address]
+        other_buf = torch.zeros(len(other), dtype=torch.uint8)
+        assert lead.fetch(TENANT, KEY + 1, other_buf).ok
+        out = dst()
+        report = fol.follow(TENANT, KEY, out, stall_s=0.1)
+    lead.close()
+    fol.close()
+    assert report.ok and report.stalled
+    assert report.ignored >= 1 and report.frags_stream == 0
+    assert as_bytes(out) == CHUNK
+
+
+def test_leader_gets_name_the_group_and_nocache_and_follower_repairs_do_not() -> None:
+    seen: list[KvpHeader] = []
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, CHUNK)
+    inner = pool(backend)
+
+    def record(datagram: bytes) -> list[bytes]:
+        seen.append(KvpHeader.unpack(datagram))
+        return inner(datagram)
+
+    with FakeServer(record) as srv:
+        with client(srv.address, None, GROUP, nocache=True) as leader:
+            assert leader.fetch(TENANT, KEY, dst()).ok
+        lead_gets, seen[:] = list(seen), []
+        with client(srv.address, None, GROUP) as follower:
+            assert follower.follow(TENANT, KEY, dst(), stall_s=0.05).ok
+    assert lead_gets and all(g.group == GROUP and g.flags & c.KVP_FLAG_NOCACHE for g in lead_gets)
+    assert seen and all(g.group == 0 and not g.flags & c.KVP_FLAG_NOCACHE for g in seen)
+
+
+def test_follow_needs_a_group(pool_server: PoolServer) -> None:
+    with FetchClient(pool_server.address) as cl, pytest.raises(FetchError, match="group"):
+        cl.follow(TENANT, KEY, dst())
