@@ -2,9 +2,17 @@
 
 With ``--backend mooncake`` the node opens a Mooncake Store client (contributing
 ``--segment-mib`` of DRAM to the pool) against ``--master``, or starts its own
-``mooncake_master`` on loopback with ``--start-master``. ``--backend memory`` serves an empty
-in-memory store (for wiring tests). The node prints one ``poolnode listening ...`` line, serves
-until SIGINT/SIGTERM, then prints its counters as ``poolnode stats k=v ...`` and exits 0.
+``mooncake_master`` on loopback with ``--start-master``. ``--backend memory`` serves an
+in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[:SEED]``
+(repeatable) stores the synthetic chunk of that name (``hostagent.synthetic``) through the
+backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
+node prints one ``poolnode listening ...`` line once it is ready, serves until SIGINT/SIGTERM,
+then prints its counters as ``poolnode stats k=v ...`` and exits 0. ``--stats-file PATH`` also
+writes the counters as JSON to PATH every ``--stats-interval`` seconds and at exit (atomically:
+a reader never sees half a file).
+
+Classes:
+    StatsWriter: writes the server's counters to a JSON file, periodically and at stop.
 
 Functions:
     main: parse arguments, run the node, return the exit status.
@@ -14,16 +22,100 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from hostagent.synthetic import ChunkSpec
 from kvcast import p4constants as c
 from poolnode.backend import InMemoryBackend, PoolBackend, PoolBackendError
 from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster
-from poolnode.server import DEFAULT_MTU, PoolServer
+from poolnode.server import DEFAULT_MTU, PoolServer, ServerStats
+
+
+class StatsWriter:
+    """Writes a server's counters to a JSON file: every ``interval_s`` and once more at stop.
+
+    The file is ``{"time": epoch seconds, "final": bool, "stats": {counter: value},
+    "preloaded": [{"tenant", "key", "nbytes", "seed"}, ...]}``, replaced atomically.
+
+    Args:
+        path: the JSON file.
+        stats: the live counters.
+        preloaded: the chunks preloaded at start.
+        interval_s: seconds between writes; 0 writes only at stop.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        stats: ServerStats,
+        preloaded: Sequence[ChunkSpec] = (),
+        interval_s: float = 1.0,
+    ) -> None:
+        self.path = path
+        self.stats = stats
+        self.preloaded = [
+            {"tenant": p.tenant, "key": f"{p.key:#x}", "nbytes": p.nbytes, "seed": p.seed}
+            for p in preloaded
+        ]
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self, final: bool = False) -> None:
+        """Writes the counters now.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        doc: dict[str, Any] = {
+            "time": time.time(),
+            "final": final,
+            "stats": self.stats.as_dict(),
+            "preloaded": self.preloaded,
+        }
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc) + "\n")
+        os.replace(tmp, self.path)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.write()
+            except OSError as exc:
+                logging.getLogger(__name__).warning("cannot write %s: %s", self.path, exc)
+
+    def start(self) -> StatsWriter:
+        """Writes once, then keeps writing every ``interval_s`` in a daemon thread."""
+        self.write()
+        if self.interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="poolnode-stats", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops the periodic writes and writes the final counters."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.write(final=True)
+
+
+def _chunk_spec(text: str) -> ChunkSpec:
+    try:
+        return ChunkSpec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +131,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata-server", default="P2PHANDSHAKE")
     p.add_argument("--protocol", default="tcp", help="Mooncake transfer protocol")
     p.add_argument("--segment-mib", type=int, default=1024, help="DRAM given to the pool")
+    p.add_argument(
+        "--preload",
+        type=_chunk_spec,
+        action="append",
+        default=[],
+        metavar="TENANT:KEY:NBYTES[:SEED]",
+        help="store this synthetic chunk before serving (repeatable)",
+    )
+    p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
+    p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -78,12 +180,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     protocol=args.protocol,
                 )
                 stack.callback(backend.close)
+            if args.preload:
+                backend.put_many((p.tenant, p.key, p.data()) for p in args.preload)
             server = PoolServer(backend, args.host, args.port, args.mtu, args.cache_mib << 20)
             server.bind()
+            writer = None
+            if args.stats_file is not None:
+                writer = StatsWriter(
+                    args.stats_file, server.stats, args.preload, args.stats_interval
+                ).start()
         except (ImportError, MasterStartError, PoolBackendError, OSError, ValueError) as exc:
             print(f"poolnode: cannot start: {exc}")
             return 2
         stack.callback(server.stop)
+        if writer is not None:
+            stack.callback(writer.stop)
 
         def _stop(signum: int, frame: FrameType | None) -> None:
             server.stop()
@@ -91,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         host, port = server.address
+        if args.preload:
+            total = sum(p.nbytes for p in args.preload)
+            print(f"poolnode preloaded chunks={len(args.preload)} bytes={total}", flush=True)
         print(f"poolnode listening host={host} port={port} backend={args.backend}", flush=True)
         server.serve_forever()
         stats = " ".join(f"{k}={v}" for k, v in server.stats.as_dict().items())

@@ -71,11 +71,17 @@ def frags_per_data(mtu: int) -> int:
 
 @dataclass(slots=True)
 class ServerStats:
-    """What a pool-node server saw and did (monotonic counters)."""
+    """What a pool-node server saw and did (monotonic counters).
+
+    ``data_sent`` counts DATA messages and ``data_payload_bytes`` their fragment bytes (what the
+    handler produced); ``bytes_sent`` counts the UDP payload bytes the socket accepted (DATA and
+    NACK, headers included).
+    """
 
     datagrams: int = 0
     gets: int = 0
     data_sent: int = 0
+    data_payload_bytes: int = 0
     bytes_sent: int = 0
     nack_not_found: int = 0
     nack_bad_request: int = 0
@@ -246,6 +252,9 @@ class KvpGetHandler:
             )
             replies.append((header, payload))
         stats.data_sent += len(replies)
+        stats.data_payload_bytes += (end * c.FRAG_BYTES if end < nfrags else size) - (
+            frag_idx * c.FRAG_BYTES
+        )
         return replies
 
     def _nack(self, request: KvpHeader, status: int) -> list[Reply]:
