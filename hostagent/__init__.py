@@ -1,8 +1,13 @@
 """kvcast host agent: chunk keys, KV layout and the fetch client of a GPU host.
 
 Modules:
-    chunkkeys: chunk keys from token ids, exactly as vLLM hashes prefix-cache blocks.
-    layout: the contiguous per-chunk KV layout and its bridge to vLLM's paged KV cache.
-    fetch: the fetch client (switch first, DRAM pool second, recompute last).
+    chunkkeys: chunk keys from token ids, exactly as vLLM hashes prefix-cache block hashes.
+    layout: the contiguous per-chunk KV layout and its bridges to vLLM's paged KV cache and to
+        Hugging Face's per-layer key/value tensors.
+    fetch: the fetch client (switch first, DRAM pool second, recompute last; group fetch as
+        leader or follower of a multicast stream).
+    agent: ``python -m hostagent.agent fetch``: one fetch, one JSON line (for experiments).
+    ports: ``AGENT_PORT``, importable without torch.
+    synthetic: deterministic synthetic chunks shared by pool preload and agent verification.
     bench: loopback throughput of the fetch client against the pool-node server.
 """

@@ -20,10 +20,19 @@ Classes:
     KVLayout: model dimensions -> bytes per token, chunk bytes, fragment count, tensor views.
     LayoutError: dimensions or tensors that do not fit the layout or the wire format.
 
+Hugging Face transformers keeps one sequence's KV as per-layer key and value tensors shaped
+``[batch, num_kv_heads, seq_len, head_dim]`` (``DynamicCache``): block ``b`` of layer ``l`` is
+``keys[l][0, :, b*B:(b+1)*B]``, head-major, so packing it into the chunk layout is one transposed
+copy per layer and per K/V (``block_from_kv``), and consecutive chunks unpack into the per-layer
+tensors a cache is rebuilt from (``kv_from_blocks``).
+
 Functions:
     dtype_from_name: ``"bfloat16"`` -> ``torch.bfloat16``.
     scatter_to_paged: copy a chunk into a block of vLLM's per-layer paged KV tensors.
     gather_from_paged: copy a block of vLLM's per-layer paged KV tensors into a chunk.
+    block_from_kv: pack one block of per-layer ``[kv_heads, seq, head_dim]`` keys and values
+        (Hugging Face's layout, one sequence) into a chunk.
+    kv_from_blocks: unpack consecutive chunks into per-layer keys and values of that layout.
 """
 
 from __future__ import annotations
@@ -317,3 +326,88 @@ def gather_from_paged(
     dst = layout.view(chunk)
     for layer, kv in enumerate(kv_caches):
         dst[layer].copy_(_block_slot(kv, block_id, paged))
+
+
+def _check_kv(layout: KVLayout, name: str, tensors: Sequence[torch.Tensor], min_len: int) -> None:
+    if len(tensors) != layout.num_layers:
+        raise LayoutError(
+            f"{len(tensors)} per-layer {name} tensors for a {layout.num_layers}-layer layout"
+        )
+    for i, t in enumerate(tensors):
+        shape = tuple(t.shape)
+        if (
+            t.dim() != 3
+            or shape[0] != layout.num_kv_heads
+            or shape[2] != layout.head_dim
+            or shape[1] < min_len
+            or t.dtype != layout.dtype
+        ):
+            raise LayoutError(
+                f"layer {i}: {name} {t.dtype} {shape} is not a {layout.dtype} "
+                f"[kv_heads={layout.num_kv_heads}, seq_len>={min_len}, "
+                f"head_dim={layout.head_dim}] tensor"
+            )
+
+
+def block_from_kv(
+    layout: KVLayout,
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    block: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Packs block ``block`` of one sequence's per-layer keys and values into a chunk.
+
+    Args:
+        layout: the chunk layout.
+        keys: one tensor per layer, ``[num_kv_heads, seq_len, head_dim]`` (a Hugging Face
+            ``DynamicCache`` layer's ``keys[0]``), on any device.
+        values: the same for values.
+        block: which block: tokens ``[block * block_size, (block + 1) * block_size)``.
+        out: the chunk buffer to fill (``layout.alloc_chunk()``); a fresh one by default.
+
+    Returns:
+        The chunk (``out`` when given): a 1-D uint8 CPU tensor of ``layout.chunk_bytes``.
+
+    Raises:
+        LayoutError: the tensors do not match the layout or are shorter than the block.
+    """
+    if block < 0:
+        raise LayoutError(f"block index must be >= 0, got {block}")
+    lo, hi = block * layout.block_size, (block + 1) * layout.block_size
+    _check_kv(layout, "keys", keys, hi)
+    _check_kv(layout, "values", values, hi)
+    chunk = layout.alloc_chunk() if out is None else out
+    dst = layout.view(chunk)
+    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+        dst[layer, 0].copy_(k[:, lo:hi].transpose(0, 1))
+        dst[layer, 1].copy_(v[:, lo:hi].transpose(0, 1))
+    return chunk
+
+
+def kv_from_blocks(
+    layout: KVLayout, chunks: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Unpacks consecutive chunks of one sequence into per-layer keys and values.
+
+    Args:
+        layout: the chunk layout.
+        chunks: chunks of blocks ``0 .. len(chunks) - 1`` of a sequence, in order.
+
+    Returns:
+        ``(keys, values)``: one contiguous ``[num_kv_heads, len(chunks) * block_size,
+        head_dim]`` CPU tensor per layer each (add a batch dimension with ``[None]`` for a
+        Hugging Face cache).
+
+    Raises:
+        LayoutError: no chunk, or a chunk that does not match the layout.
+    """
+    if not chunks:
+        raise LayoutError("kv_from_blocks needs at least one chunk")
+    views = [layout.view(chunk) for chunk in chunks]
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for layer in range(layout.num_layers):
+        keys.append(torch.cat([v[layer, 0] for v in views]).transpose(0, 1).contiguous())
+        values.append(torch.cat([v[layer, 1] for v in views]).transpose(0, 1).contiguous())
+    return keys, values

@@ -1,8 +1,9 @@
 """Group fetch: a leader's GETs name a group, followers take the multicast stream and repair.
 
-The switch is played by ``MulticastRelay`` (the real pool-node handler behind a loopback socket
-that copies every grouped DATA to each member); the real reference switch is in
-test_group_emulation.py.
+Most tests play the switch with ``MulticastRelay`` (the real pool-node handler behind a loopback
+socket that copies every grouped DATA to each member, losing or corrupting chosen copies); the
+last runs the real reference pipeline between loopback sockets (``RefSwitchBridge``), and
+test_group_emulation.py runs it as a switch process in Mininet.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvcast.wire import KvpHeader
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, MulticastRelay, pool, silent
+from tests.hostagent.refbridge import RefSwitchBridge
 
 TENANT, KEY, GROUP = 4, 0xFEEDFACE12345678, 9
 NFRAGS = 23
@@ -193,3 +195,40 @@ def test_leader_gets_name_the_group_and_nocache_and_follower_repairs_do_not() ->
 def test_follow_needs_a_group(pool_server: PoolServer) -> None:
     with FetchClient(pool_server.address) as cl, pytest.raises(FetchError, match="group"):
         cl.follow(TENANT, KEY, dst())
+
+
+@pytest.mark.parametrize("via", ["switch", "pool"])
+def test_group_fetch_through_the_reference_pipeline(
+    backend: InMemoryBackend, pool_server: PoolServer, via: str
+) -> None:
+    # The real reference pipeline replicates: SRAM hits of the leader's per-fragment GETs
+    # (via switch), or the pool's DATA for its NOCACHE range GETs (via pool).
+    with RefSwitchBridge(pool_server.address) as bridge:
+        if via == "switch":
+            bridge.load_chunk(TENANT, KEY, CHUNK, slot_base=0, epoch=1)
+        leader = FetchClient(
+            bridge.vip,
+            pool_server.address,
+            group=GROUP,
+            nocache=via == "pool",
+            frags_per_get=1 if via == "switch" else None,
+            timeout_s=0.2,
+            max_timeout_s=0.4,
+        )
+        follower = client(bridge.vip, pool_server.address, GROUP)
+        hosts = [bridge.register(leader.address), bridge.register(follower.address)]
+        bridge.add_group(GROUP, hosts)
+        bufs = [dst(), dst()]
+        with ThreadPoolExecutor(2) as ex:
+            fut_f = ex.submit(follower.follow, TENANT, KEY, bufs[1], stall_s=5.0)
+            lead = ex.submit(leader.fetch, TENANT, KEY, bufs[0]).result()
+            fol = fut_f.result()
+        leader.close()
+        follower.close()
+    assert lead.ok and fol.ok
+    assert [as_bytes(b) for b in bufs] == [CHUNK, CHUNK]
+    assert (fol.frags_stream, fol.repairs, fol.gets_sent) == (NFRAGS, 0, 0)
+    if via == "switch":
+        assert (lead.frags_hit, fol.frags_hit) == (NFRAGS, NFRAGS)
+    else:
+        assert (lead.frags_pool, fol.frags_pool) == (NFRAGS, NFRAGS)

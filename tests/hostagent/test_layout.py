@@ -8,8 +8,10 @@ import torch
 from hostagent.layout import (
     KVLayout,
     LayoutError,
+    block_from_kv,
     dtype_from_name,
     gather_from_paged,
+    kv_from_blocks,
     scatter_to_paged,
 )
 from kvcast import p4constants as c
@@ -130,3 +132,55 @@ def test_scatter_refuses_the_wrong_number_of_layers() -> None:
     layout = KVLayout(2, 1, 2, torch.float32, block_size=2)
     with pytest.raises(LayoutError, match="per-layer"):
         scatter_to_paged(layout, layout.alloc_chunk(pin=False), [torch.zeros((2, 3, 2, 1, 2))], 0)
+
+
+def _hf_kv(layout: KVLayout, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    shape = (layout.num_kv_heads, seq, layout.head_dim)
+    keys = [torch.randn(shape).to(layout.dtype) for _ in range(layout.num_layers)]
+    values = [torch.randn(shape).to(layout.dtype) for _ in range(layout.num_layers)]
+    return keys, values
+
+
+def test_hf_blocks_pack_token_major_and_unpack_to_the_same_tensors() -> None:
+    layout = KVLayout(3, 2, 8, torch.bfloat16, block_size=4)
+    keys, values = _hf_kv(layout, 3 * 4 + 1)  # a partial fourth block is not packed
+    chunks = [block_from_kv(layout, keys, values, b) for b in range(3)]
+    view = layout.view(chunks[1])
+    # Layer 2, K, token 1 of block 1 (sequence position 5), head 1: keys[2][1, 5].
+    assert torch.equal(view[2, 0, 1, 1], keys[2][1, 5])
+    assert torch.equal(view[0, 1, 3, 0], values[0][0, 7])
+    back_k, back_v = kv_from_blocks(layout, chunks)
+    assert all(torch.equal(b, k[:, :12]) for b, k in zip(back_k, keys, strict=True))
+    assert all(torch.equal(b, v[:, :12]) for b, v in zip(back_v, values, strict=True))
+
+
+def test_block_from_kv_fills_a_given_buffer() -> None:
+    layout = KVLayout(1, 1, 4, torch.float32, block_size=2)
+    keys, values = _hf_kv(layout, 4)
+    buf = layout.alloc_chunk(pin=False)
+    assert block_from_kv(layout, keys, values, 1, out=buf) is buf
+    assert torch.equal(layout.view(buf)[0, 0], keys[0][:, 2:4].transpose(0, 1))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["layers", "dtype", "short", "heads"],
+)
+def test_block_from_kv_refuses_tensors_that_do_not_fit(bad: str) -> None:
+    layout = KVLayout(2, 2, 8, torch.float32, block_size=4)
+    keys, values = _hf_kv(layout, 8)
+    if bad == "layers":
+        keys = keys[:1]
+    elif bad == "dtype":
+        keys = [k.to(torch.float16) for k in keys]
+    elif bad == "short":
+        keys = [k[:, :6] for k in keys]
+    else:
+        keys = [k[:1] for k in keys]
+    with pytest.raises(LayoutError):
+        block_from_kv(layout, keys, values, 1)
+
+
+def test_kv_from_blocks_needs_a_chunk() -> None:
+    with pytest.raises(LayoutError, match="at least one"):
+        kv_from_blocks(KVLayout(1, 1, 4, torch.float32, block_size=2), [])
