@@ -67,6 +67,16 @@ class AgentError(RuntimeError):
     """The agent cannot run the fetch as asked (e.g. a mode without its group)."""
 
 
+def _tenant(text: str) -> int:
+    try:
+        tenant = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"tenant {text!r} is not a number") from None
+    if not 0 <= tenant <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"tenant {text!r} is not a 16-bit unsigned integer")
+    return tenant
+
+
 def _key(text: str) -> int:
     try:
         return parse_key(text)
@@ -81,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="fetch one chunk and print one JSON line")
-    f.add_argument("--tenant", type=lambda s: int(s, 0), required=True, help="tenant id")
+    f.add_argument("--tenant", type=_tenant, required=True, help="tenant id (16 bits)")
     f.add_argument("--key", type=_key, required=True, help="chunk key (decimal or 0x hex)")
     f.add_argument("--nbytes", type=int, required=True, help="chunk length in bytes")
     f.add_argument("--service", help="service address (switch VIP); KVP_UDP_PORT")

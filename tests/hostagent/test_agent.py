@@ -141,6 +141,19 @@ def test_group_mode_without_a_group_is_an_error_line_with_exit_2(
     assert "--group" in str(record["error"])
 
 
-def test_key_must_fit_64_bits() -> None:
-    with pytest.raises(SystemExit):
-        main(["fetch", "--tenant", "1", "--key", "0x1" + "0" * 16, "--nbytes", "1"])
+@pytest.mark.parametrize(
+    ("tenant", "key", "culprit"),
+    [
+        ("1", "0x1" + "0" * 16, "--key"),
+        ("65536", "1", "--tenant"),
+        ("one", "1", "--tenant"),
+        ("1", "xyz", "--key"),
+    ],
+)
+def test_tenant_and_key_must_fit_their_fields(
+    tenant: str, key: str, culprit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["fetch", "--tenant", tenant, "--key", key, "--nbytes", "1"])
+    assert exc.value.code == 2
+    assert f"argument {culprit}:" in capsys.readouterr().err
