@@ -1,5 +1,7 @@
 """Builds, programs and tears down an emulated kvcast cluster.
 
+Multicast replicas go to each host's ``AGENT_PORT`` (hostagent.ports), where its agent listens.
+
 Classes:
     Cluster: a running Mininet network built from a :class:`~emulation.topo.ClusterSpec` with an
         injectable switch class, with the switch's base program installed (routes, port roles,
@@ -28,10 +30,10 @@ from mininet.net import Mininet
 
 from emulation.switches import P4Switch, default_switch_class
 from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTopo, addresses
+from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
 
-AGENT_PORT = 19287  # UDP port host agents receive DATA on (each host has its own namespace)
 _LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
 
 
@@ -168,6 +170,10 @@ class Cluster:
         h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
         h.cmd("sysctl -q -w net.ipv6.conf.default.disable_ipv6=1")
         intf = h.defaultIntf().name
+        # A software switch forwards frames as its raw socket sees them: with checksum offload a
+        # sender's UDP checksum is only completed by the NIC, which veth never does, and the
+        # receiver's kernel would drop the frame.
+        h.cmd(f"ethtool -K {intf} tx off rx off sg off tso off gso off")
         # Everything goes through the switch's L3: every address resolves to the switch MAC.
         for other in [*self.nodes.values()]:
             if other.name != node.name:

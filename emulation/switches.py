@@ -52,6 +52,7 @@ class P4Switch(Switch):  # type: ignore[misc]
             if port == 0 or intf.name == "lo":
                 continue
             self.cmd(f"sysctl -q -w net.ipv6.conf.{intf.name}.disable_ipv6=1")
+            self.cmd(f"ethtool -K {intf.name} tx off rx off sg off tso off gso off")
             args += ["-i", f"{port}@{intf.name}"]
         return args
 

@@ -67,6 +67,11 @@ class AgentError(RuntimeError):
     """The agent cannot run the fetch as asked (e.g. a mode without its group)."""
 
 
+def _start_at(text: str) -> float | str:
+    """``--start-at``: a float epoch, or ``stdin``."""
+    return text if text == "stdin" else float(text)
+
+
 def _tenant(text: str) -> int:
     try:
         tenant = int(text, 0)
@@ -109,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--bind", default="0.0.0.0", help="local address to bind")
     f.add_argument("--bind-port", type=int, default=AGENT_PORT, help="local UDP port")
     f.add_argument(
-        "--start-at", type=float, help="wall-clock epoch seconds to start at (sleep until then)"
+        "--start-at",
+        type=_start_at,
+        help="wall-clock epoch seconds to start at (sleep until then), or 'stdin': read that "
+        "number from a line on standard input once the socket is bound (a driver starting many "
+        "agents waits for every 'agent ready' and then gives them all one instant)",
     )
     f.add_argument("--timeout", type=float, default=30.0, help="bound on the whole fetch, s")
     f.add_argument("--get-timeout", type=float, default=0.02, help="first GET timeout, s")
@@ -196,6 +205,9 @@ def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
     with _client(args) as client:
         out["bound"] = f"{client.address[0]}:{client.address[1]}"
         print(f"agent ready {out['host']} bound={out['bound']}", file=sys.stderr, flush=True)
+        if args.start_at == "stdin":
+            args.start_at = float(sys.stdin.readline())
+            out["start_at"] = args.start_at
         if args.start_at is not None:
             time.sleep(max(0.0, args.start_at - time.time()))
         t_start = time.time()
