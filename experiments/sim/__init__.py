@@ -1,0 +1,23 @@
+"""Trace-driven cluster simulation of kvcast: a flow-level model beyond one machine.
+
+The model is event-driven and flow-level (not a packet simulator): every transfer is a fluid
+flow across a set of links, and the rates of concurrent flows are max-min fair, solved again
+whenever the set of flows changes. A multicast stream is one flow across the links of its tree,
+so the pool's link carries it once whatever the number of receivers.
+
+Modules:
+    flows: links, flows and the event-driven max-min fair network (:class:`FlowNetwork`).
+    hardware: what the model is made of: KV sizes per model (:class:`KVModel`), GPU prefill cost
+        (:class:`GpuSpec`), the Tofino switch read from ``p4src/shared/sizes.p4``
+        (:class:`SwitchSpec`), packet framing (:class:`WireFormat`).
+    workloads: requests for the simulator from the Mooncake trace (with a stated host mapping)
+        and from generated workloads (Zipf, agentic fan-out, synchronized bursts).
+    cluster: the cluster model (:class:`ClusterSim`): hosts with HBM and DRAM prefix caches, pool
+        nodes, the kvcast switch (SRAM via a registered cache policy, multicast, miss
+        coalescing), per-host GPU prefill queues; :class:`SimResult` holds what one run measured.
+    incast: the small-scale N-to-1 model of the emulation's modes a-d.
+    validate: compare the small-scale model with the emulation's measured summary CSV.
+    report: CSV, result lines and plots shared by the experiments.
+    q1, q2, q3, q4: one experiment per research question (run through the thin entry modules
+        ``experiments.q1_selection``, ``q2_tiers``, ``q3_eviction``, ``q4_breakeven``).
+"""
