@@ -5,10 +5,14 @@ P4_MAIN := p4src/v1model/kvcast.p4
 P4_OUT  := p4src/build
 P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
 
-.PHONY: setup test test-fast p4 constants bench lint typecheck clean
+.PHONY: setup demo test test-fast p4 constants bench lint clean
 
 setup:
 	bash scripts/setup.sh
+
+## demo: install what is needed, then the incast experiment on the emulated cluster (root)
+demo: setup
+	$(PY) -m experiments.incast --hosts 1,2,4,8,16 --out results/demo
 
 ## test: install what is needed, then run the whole test suite
 test: setup
