@@ -61,7 +61,9 @@ def test_max_min_rates_respect_capacities_and_every_flow_has_a_bottleneck(seed):
         assert rate > 0
         assert any(
             load[i] >= caps[i] * (1 - 1e-9)
-            and all(r <= rate * (1 + 1e-9) for r, p in zip(rates, paths, strict=True) if i in dict(p))
+            and all(
+                r <= rate * (1 + 1e-9) for r, p in zip(rates, paths, strict=True) if i in dict(p)
+            )
             for i, _ in path
         )
 

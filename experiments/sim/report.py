@@ -1,0 +1,135 @@
+"""Output helpers shared by the experiments: result lines, CSV files, plots, common options.
+
+Result lines are parseable: ``result <experiment> key=value ...`` with values free of spaces
+(floats to 4 significant digits), like the benchmark lines of :mod:`benchmarks`.
+
+Functions:
+    result_line: format (and print) one result line.
+    parse_result: split a result line into its experiment and fields.
+    write_csv: write rows of dicts (columns in first-seen order).
+    pyplot: matplotlib's pyplot on the non-interactive Agg backend.
+    add_common_args: ``--out`` and ``--quick`` for every experiment's command line.
+    describe: a one-line summary of a configuration for the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from experiments.sim.cluster import ClusterConfig
+
+__all__ = [
+    "add_common_args",
+    "describe",
+    "parse_result",
+    "pyplot",
+    "result_line",
+    "write_csv",
+]
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def result_line(experiment: str, *, echo: bool = True, **fields: object) -> str:
+    """Format one result line and print it.
+
+    Args:
+        experiment: experiment name (second word).
+        echo: print the line (flushed).
+        **fields: key=value pairs in order.
+
+    Returns:
+        ``"result <experiment> k=v ..."``.
+
+    Raises:
+        ValueError: if a value is empty or contains whitespace.
+    """
+    parts = ["result", experiment]
+    for key, value in fields.items():
+        text = _fmt(value)
+        if not text or any(ch.isspace() for ch in text):
+            raise ValueError(f"result field {key}={text!r} must be non-empty without spaces")
+        parts.append(f"{key}={text}")
+    line = " ".join(parts)
+    if echo:
+        print(line, flush=True)
+    return line
+
+
+def parse_result(line: str) -> tuple[str, dict[str, str]] | None:
+    """Parse a result line.
+
+    Args:
+        line: one printed line.
+
+    Returns:
+        ``(experiment, fields)``, or None when the line is not a result line.
+    """
+    words = line.split()
+    if len(words) < 2 or words[0] != "result":
+        return None
+    fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+    return words[1], fields
+
+
+def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Write rows to a CSV file, creating its directory.
+
+    Args:
+        path: the file.
+        rows: dicts; the header is the union of keys in first-seen order.
+
+    Returns:
+        The path.
+    """
+    rows = list(rows)
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def add_common_args(ap: argparse.ArgumentParser, default_out: Path) -> None:
+    """Add ``--out`` and ``--quick``.
+
+    Args:
+        ap: the parser.
+        default_out: default output directory.
+    """
+    ap.add_argument("--out", type=Path, default=default_out, help=f"default {default_out}")
+    ap.add_argument("--quick", action="store_true", help="a small slice, for smoke runs")
+
+
+def describe(cfg: ClusterConfig) -> str:
+    """One line naming the cluster a run used."""
+    return (
+        f"{cfg.hosts} hosts ({cfg.host_gbps:g} Gb/s), {cfg.pools} pool nodes "
+        f"({cfg.pool_gbps:g} Gb/s), model {cfg.model.name} ({cfg.chunk_bytes} B per "
+        f"{cfg.block_tokens}-token block), switch {cfg.switch.name} (FRAG_BYTES "
+        f"{cfg.switch.frag_bytes}, SRAM {cfg.switch.sram_bytes} B per pipe x {cfg.switch.pipes} "
+        f"pipes), GPU {cfg.gpu.name} at MFU {cfg.gpu.mfu:g}, HBM cache {cfg.hbm_cache_gib:g} "
+        f"GiB, DRAM cache {cfg.dram_cache_gib:g} GiB per host"
+    )
