@@ -12,10 +12,11 @@ cluster simulation, so the validation against the emulation tests the model itse
 - ``d`` sram-unicast: every host GETs every fragment from the switch.
 
 Links: the pool link (bytes/s, pool DATA frames), each host link (bytes/s), the switch's packet
-rate (``switch_pps``: unicast forwards per second; a received packet and each copy sent cost
-half a forward each, so a GET answered from SRAM costs one and a DATA replicated to N hosts
-costs (1 + N) / 2), optionally a host's packet-receive rate (``host_pps``). All flows of a point
-start together; the point's time is when the last host holds the prefix.
+rate (``switch_pps``: unicast forwards per second, one packet in and one out; each copy sent
+costs ``replica_cost`` of a forward and the packet received the rest, so a GET answered from
+SRAM costs one forward and a DATA replicated to N hosts costs ``1 - r + N r``), optionally a
+host's packet-receive rate (``host_pps``). All flows of a point start together; the point's
+time is when the last host holds the prefix.
 
 Classes:
     IncastParams: the emulated link and switch parameters.
@@ -61,6 +62,8 @@ class IncastParams:
         pool_mbit: pool link rate (Mbit/s).
         host_mbit: each host link's rate (Mbit/s).
         switch_pps: switch forwards per second (None: not a limit).
+        replica_cost: share of one forward's cost that each copy sent costs (the rest is
+            receiving and ingress processing); 0.5 unless measured.
         host_pps: DATA packets per second one host agent can take (None: not a limit).
         frag_bytes: fragment size (default: the BMv2 target's, from the generated constants).
         wire: framing on the emulated links.
@@ -70,6 +73,7 @@ class IncastParams:
     pool_mbit: float
     host_mbit: float
     switch_pps: float | None = None
+    replica_cost: float = 0.5
     host_pps: float | None = None
     frag_bytes: int = field(default_factory=lambda: bmv2().frag_bytes)
     wire: WireFormat = field(default_factory=_emulation_wire)
@@ -116,6 +120,9 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     if n < 1 or prefix_bytes <= 0:
         raise ValueError("need n >= 1 and prefix_bytes > 0")
+    if not 0 <= p.replica_cost <= 1:
+        raise ValueError(f"replica_cost must be within 0..1, got {p.replica_cost}")
+    rep = p.replica_cost
     wire = p.wire
     frag = p.frag_bytes
     per_data = wire.frags_per_data(frag) * frag  # payload bytes of one full pool DATA
@@ -146,7 +153,7 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
         for i in range(n):
             path += host_path(i, pool_coef, 1 / per_data)
         if switch is not None:
-            path.append((switch, (1 + 0.5 + 0.5 * n) / per_data))
+            path.append((switch, (1 + (1 - rep) + rep * n) / per_data))  # GET, replicated DATA
         flows.append(net.start(prefix_bytes, path))
         pool_tx = wire.data_frames_bytes(prefix_bytes, frag)
     elif mode == "c":
@@ -154,7 +161,7 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
         for i in range(n):
             path += host_path(i, sram_coef, 1 / frag)
         if switch is not None:
-            path.append((switch, (0.5 + 0.5 * n) / frag))
+            path.append((switch, ((1 - rep) + rep * n) / frag))
         flows.append(net.start(prefix_bytes, path))
         pool_tx = 0
     else:

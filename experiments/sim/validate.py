@@ -12,8 +12,11 @@ and N:
 * the pool node's transmitted bytes per mode (the model counts DATA frames with their headers).
 
 The switch's packet rate matters for the SRAM modes (c, d) and for replication (b): give it
-(``--switch-pps``, forwards per second), or ``--calibrate-pps`` to fit it to the measured
-mode-d point with the smallest N (that point is then reported but not counted).
+(``--switch-pps``, forwards per second, and ``--replica-cost``, the share of a forward that each
+multicast copy costs), or ``--calibrate`` to fit both to the measured points where the switch
+works hardest: the switch rate to mode d at the largest N (every host's GETs pass it), then the
+replica cost to mode c at the largest N (one GET, N copies). Those two points are reported but
+not counted.
 
 Run: ``python -m experiments.sim.validate --emulation results/incast/summary.csv
 --pool-mbit 20 --host-mbit 200 --switch-pps 20000``. Writes ``validation.csv`` and
@@ -27,6 +30,7 @@ Classes:
 Functions:
     read_summary: parse and reduce the emulation's summary CSV.
     calibrate_switch_pps: fit the switch's packet rate to one measured mode-d point.
+    calibrate_replica_cost: fit the cost of a multicast copy to one measured mode-c point.
     compare: every comparison for a set of measured points.
     main: command line.
 """
@@ -45,7 +49,15 @@ from pathlib import Path
 from experiments.sim.incast import MODES, IncastParams, predict
 from experiments.sim.report import pyplot, result_line, write_csv
 
-__all__ = ["Comparison", "Measured", "calibrate_switch_pps", "compare", "main", "read_summary"]
+__all__ = [
+    "Comparison",
+    "Measured",
+    "calibrate_replica_cost",
+    "calibrate_switch_pps",
+    "compare",
+    "main",
+    "read_summary",
+]
 
 REQUIRED = ("mode", "n", "prefix_bytes", "max_s", "p50_s", "pool_tx_bytes")
 
@@ -180,15 +192,40 @@ def calibrate_switch_pps(point: Measured, params: IncastParams) -> float:
     return float(10 ** ((lo + hi) / 2))
 
 
+def calibrate_replica_cost(point: Measured, params: IncastParams) -> float:
+    """Fit the share of a forward that one multicast copy costs to a measured mode-c point.
+
+    Bisection over 0..1 (the model's T_c rises with it); needs ``params.switch_pps``.
+
+    Args:
+        point: a measured mode-``c`` point.
+        params: the other parameters.
+
+    Returns:
+        The fitted share (an end of 0..1 when no value matches).
+    """
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if (
+            predict("c", point.n, point.prefix_bytes, replace(params, replica_cost=mid)).max_s
+            > point.max_s
+        ):
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
 def compare(
-    points: Sequence[Measured], params: IncastParams, calibrated: Measured | None = None
+    points: Sequence[Measured], params: IncastParams, calibrated: Sequence[Measured] = ()
 ) -> list[Comparison]:
     """Compare measured points with the model.
 
     Args:
         points: measured medians.
         params: the emulation's parameters.
-        calibrated: the point used for calibration (not counted), if any.
+        calibrated: points used for calibration; ratios involving them are not counted.
 
     Returns:
         Relief ratios (counted), absolute times and pool bytes (informative), per (size, N).
@@ -203,8 +240,8 @@ def compare(
         if "a" in meas:
             for m in "bcd":
                 if m in meas and meas[m].max_s > 0:
-                    counted = calibrated is None or not (
-                        m == "d" and (size, n) == (calibrated.prefix_bytes, calibrated.n)
+                    counted = not any(
+                        c.mode == m and (c.prefix_bytes, c.n) == (size, n) for c in calibrated
                     )
                     out.append(
                         Comparison(
@@ -267,8 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool-mbit", type=float, required=True, help="emulated pool link rate")
     ap.add_argument("--host-mbit", type=float, required=True, help="emulated host link rate")
     ap.add_argument("--switch-pps", type=float, default=None, help="switch forwards per second")
+    ap.add_argument("--replica-cost", type=float, default=0.5, help="share of a forward per copy")
     ap.add_argument(
-        "--calibrate-pps", action="store_true", help="fit --switch-pps to mode d at the smallest N"
+        "--calibrate",
+        action="store_true",
+        help="fit --switch-pps to mode d and --replica-cost to mode c, both at the largest N",
     )
     ap.add_argument(
         "--host-pps", type=float, default=None, help="DATA packets/s one host agent takes"
@@ -291,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pool_mbit=args.pool_mbit,
         host_mbit=args.host_mbit,
         switch_pps=args.switch_pps,
+        replica_cost=args.replica_cost,
         host_pps=args.host_pps,
         fixed_s=args.fixed_s,
     )
@@ -299,23 +340,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         wire=replace(params.wire, mtu=args.mtu),
         frag_bytes=args.frag_bytes or params.frag_bytes,
     )
-    calibrated: Measured | None = None
-    if args.calibrate_pps:
-        d_points = sorted((p for p in points if p.mode == "d"), key=lambda p: (p.n, p.prefix_bytes))
-        if not d_points:
-            print("error: --calibrate-pps needs a measured mode-d point", file=sys.stderr)
-            return 2
-        calibrated = d_points[0]
-        params = replace(params, switch_pps=calibrate_switch_pps(calibrated, params))
+    calibrated: list[Measured] = []
+    if args.calibrate:
+        largest = {}
+        for m in "dc":
+            pts = sorted((p for p in points if p.mode == m), key=lambda p: (p.n, p.prefix_bytes))
+            if not pts:
+                print(f"error: --calibrate needs a measured mode-{m} point", file=sys.stderr)
+                return 2
+            largest[m] = pts[-1]
+        params = replace(params, switch_pps=calibrate_switch_pps(largest["d"], params))
+        params = replace(params, replica_cost=calibrate_replica_cost(largest["c"], params))
+        calibrated = [largest["d"], largest["c"]]
         print(
-            f"# switch_pps calibrated to {params.switch_pps:.0f} forwards/s on mode d, "
-            f"N={calibrated.n}, prefix {calibrated.prefix_bytes} B (that point is not counted)"
+            f"# calibrated: switch {params.switch_pps:.0f} forwards/s on mode d at "
+            f"N={largest['d'].n}, replica cost {params.replica_cost:.3f} of a forward on mode c "
+            f"at N={largest['c'].n} (ratios that use these two points are not counted)"
         )
     print(
         f"# compared: relief T_a/T_x of the time until all N hosts hold the prefix (max_s), "
         f"measured vs the flow model at pool {params.pool_mbit:g} Mbit/s, hosts "
-        f"{params.host_mbit:g} Mbit/s, switch {params.switch_pps or 'unlimited'} forwards/s, "
-        f"host agents {params.host_pps or 'unlimited'} packets/s, FRAG_BYTES {params.frag_bytes}, "
+        f"{params.host_mbit:g} Mbit/s, switch {params.switch_pps or 'unlimited'} forwards/s "
+        f"(a copy costs {params.replica_cost:g} of a forward), host agents "
+        f"{params.host_pps or 'unlimited'} packets/s, FRAG_BYTES {params.frag_bytes}, "
         f"MTU {params.wire.mtu}, fixed {params.fixed_s:g} s; pool bytes and absolute times "
         "are shown, not counted"
     )
@@ -343,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tolerance=args.tolerance,
         max_rel_err=worst,
         switch_pps=params.switch_pps or 0.0,
+        replica_cost=params.replica_cost,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [

@@ -200,3 +200,15 @@ def test_unknown_knobs_are_refused():
         ClusterConfig(tier_rule="random")
     with pytest.raises(ValueError):
         ClusterSim(_small(hosts=2), _same_prefix(4))
+
+
+def test_an_oversubscribed_rack_link_slows_unicast_fetches_into_one_rack():
+    prefix = tuple(mix64(i) for i in range(4))
+    warm = SimRequest(0.0, 40, (*prefix, 99), 5 * 512)
+    reqs = tuple(SimRequest(5.0, h, (*prefix, 100 + h), 5 * 512) for h in range(8))
+    w = SimWorkload("rack", (warm, *reqs), 64, warmup=1)
+    flat = ClusterSim(_small(fabric="unicast", hosts_per_rack=8, pools=16), w).run()
+    over = ClusterSim(
+        _small(fabric="unicast", hosts_per_rack=8, pools=16, rack_oversub=8.0), w
+    ).run()
+    assert over.fetch_stat(-1) > flat.fetch_stat(-1)

@@ -1,5 +1,6 @@
 import csv
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -91,14 +92,20 @@ def test_validator_flags_a_model_that_misses_the_measurement(tmp_path, capsys):
     assert "within=no" in out
 
 
-def test_calibration_recovers_the_switch_rate_from_one_point(tmp_path):
+def test_calibration_recovers_the_switch_rate_and_replica_cost(tmp_path, capsys):
     summary = _write_summary(tmp_path / "summary.csv")
     points = validate.read_summary(summary)
-    d1 = next(p for p in points if p.mode == "d" and p.n == 1)
-    base = IncastParams(pool_mbit=20.0, host_mbit=200.0)
-    assert validate.calibrate_switch_pps(d1, base) == pytest.approx(30_000.0, rel=1e-3)
-    rc = validate.main(_args(summary, tmp_path / "out", "--calibrate-pps"))
+    d16 = next(p for p in points if p.mode == "d" and p.n == 16)
+    c16 = next(p for p in points if p.mode == "c" and p.n == 16)
+    base = IncastParams(pool_mbit=20.0, host_mbit=200.0, replica_cost=0.9)
+    pps = validate.calibrate_switch_pps(d16, base)
+    assert pps == pytest.approx(30_000.0, rel=1e-3)
+    rep = validate.calibrate_replica_cost(c16, replace(base, switch_pps=pps))
+    assert rep == pytest.approx(PARAMS.replica_cost, abs=1e-3)
+    rc = validate.main(_args(summary, tmp_path / "out", "--calibrate"))
+    out = capsys.readouterr().out
     assert rc == 0
+    assert "quantity=a/d measured" in out and "counted=no" in out
 
 
 def test_repeats_are_reduced_to_their_median_and_failed_rows_skipped(tmp_path):
