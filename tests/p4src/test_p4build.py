@@ -18,7 +18,10 @@ from kvcast import gen_constants
 P4_MAIN = REPO / "p4src" / "v1model" / "kvcast.p4"
 
 
-def _compile(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """p4c's output for the current source (compiled once for the module)."""
+    tmp_path = tmp_path_factory.mktemp("p4c")
     p4c = p4c_binary()
     if p4c is None:
         pytest.skip("p4c not installed: p4c-bm2-ss not found (docs/bmv2.md)")
@@ -29,8 +32,8 @@ def _compile(tmp_path: Path) -> Path:
             "--std",
             "p4-16",
             "-I",
-            str(REPO / "p4src"),
-            str(P4_MAIN),
+            "p4src",
+            str(P4_MAIN.relative_to(REPO)),
             "-o",
             str(tmp_path / "kvcast.json"),
             "--p4runtime-files",
@@ -39,21 +42,22 @@ def _compile(tmp_path: Path) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
+        # From the repository root with relative paths, as `make p4` runs it: the BMv2 JSON
+        # records source file names.
+        cwd=REPO,
     )
     assert proc.returncode == 0, f"p4c-bm2-ss failed:\n{proc.stderr[-3000:]}"
-    return out
+    return tmp_path
 
 
-def test_committed_p4info_is_what_p4c_makes_of_the_source(tmp_path: Path) -> None:
-    fresh = _compile(tmp_path)
-    assert fresh.read_text() == (BUILD / "kvcast.p4info.txtpb").read_text(), (
-        "p4src/build/kvcast.p4info.txtpb is stale: run `make p4 constants` and commit"
-    )
+def test_committed_p4info_is_what_p4c_makes_of_the_source(compiled: Path) -> None:
+    assert (compiled / "kvcast.p4info.txtpb").read_text() == (
+        BUILD / "kvcast.p4info.txtpb"
+    ).read_text(), "p4src/build/kvcast.p4info.txtpb is stale: run `make p4 constants` and commit"
 
 
-def test_committed_bmv2_json_is_what_p4c_makes_of_the_source(tmp_path: Path) -> None:
-    _compile(tmp_path)
-    assert (tmp_path / "kvcast.json").read_text() == (BUILD / "kvcast.json").read_text(), (
+def test_committed_bmv2_json_is_what_p4c_makes_of_the_source(compiled: Path) -> None:
+    assert (compiled / "kvcast.json").read_text() == (BUILD / "kvcast.json").read_text(), (
         "p4src/build/kvcast.json is stale: run `make p4` and commit"
     )
 
