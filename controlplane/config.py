@@ -1,0 +1,649 @@
+"""The controller daemon's configuration: a YAML file, validated into typed records.
+
+Every problem is reported as a :class:`~controlplane.errors.ConfigError` whose message names
+the offending setting by its path in the file (``switches[0].election_id``) and what is
+accepted, so ``python -m controlplane validate-config FILE`` can tell an operator exactly what
+to fix. Unknown keys are errors (a typo must not silently fall back to a default).
+
+A complete example (only ``switches`` is required; every other setting has a default)::
+
+    switches:
+      - name: s1
+        address: 127.0.0.1:9559        # P4Runtime server
+        device_id: 1
+        election_id: 20                # highest connected id is primary
+        device_config: null            # BMv2: p4src/build/kvcast.json; reference target: null
+        router_mac: "02:00:00:00:00:fe"
+        program_forwarding: true       # routes, L2 entries, port roles for hosts and pools
+        epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
+    pools:
+      - {name: p1, ip: 10.0.1.1, mac: "00:00:00:00:01:01", port: 5,
+         fetch_address: "10.254.5.2:19286"}   # where the controller reads chunk bytes
+    hosts:
+      - {name: h1, id: 1, ip: 10.0.0.1, mac: "00:00:00:00:00:01", port: 1, udp_port: 19287}
+    policy:
+      name: kvcast
+      params: {hysteresis: 0.25}
+      dry_run: false                   # true: decide and count, never touch the cache
+    sram_budget_bytes: 2097152         # default and maximum: NUM_FRAG_SLOTS * FRAG_BYTES
+    tick_s: 1.0
+    sketch: {window_s: 10.0, threshold: 8}
+    metrics: {listen: "0.0.0.0:9108"}
+    report_api: {listen: "0.0.0.0:9109", max_body_bytes: 4194304, max_queue: 200000}
+    chunk_source: {timeout_s: 5.0}
+    max_loads_per_tick: 512
+    log_level: INFO
+
+Classes:
+    ListenAddress: a ``host:port`` to bind.
+    SwitchSpec: one switch (P4Runtime address, device id, election id, program files).
+    PoolSpec: one DRAM pool node (data-plane address, switch port, where chunk bytes are read).
+    HostSpec: one GPU host (replica destination, switch port, policy host id).
+    PolicySpec: the cache policy by registry name, its parameters, dry-run.
+    SketchSpec: hot-miss sketch window period and threshold.
+    ReportApiSpec: the access-report HTTP API (address, body and queue bounds).
+    DaemonConfig: the whole configuration.
+
+Functions:
+    load_config: read and validate a YAML file.
+    parse_config: validate an already-parsed mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controlplane.errors import ConfigError
+from controlplane.policies import PolicyConfigError, available_policies, make_policy
+from hostagent.ports import AGENT_PORT
+from kvcast import p4constants as c
+
+__all__ = [
+    "DEFAULT_P4INFO",
+    "SRAM_BYTES",
+    "DaemonConfig",
+    "HostSpec",
+    "ListenAddress",
+    "PolicySpec",
+    "PoolSpec",
+    "ReportApiSpec",
+    "SketchSpec",
+    "SwitchSpec",
+    "load_config",
+    "parse_config",
+]
+
+_REPO = Path(__file__).resolve().parents[1]
+DEFAULT_P4INFO = _REPO / "p4src" / "build" / "kvcast.p4info.txtpb"
+SRAM_BYTES = c.NUM_FRAG_SLOTS * c.FRAG_BYTES
+"""Bytes of fragment SRAM the program has (the largest possible budget)."""
+_MAX_ELECTION_ID = (1 << 128) - 1
+
+
+# ------------------------------------------------------------------------------ records
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where a server binds.
+
+    Attributes:
+        host: address to bind ("0.0.0.0" for all).
+        port: TCP port (0: an ephemeral port, for tests).
+    """
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SwitchSpec:
+    """One switch the controller programs.
+
+    Attributes:
+        name: unique name (logs, metrics labels, the ``switch`` of hosts and pools).
+        address: ``host:port`` of its P4Runtime server.
+        device_id: P4Runtime device id.
+        election_id: this controller's election id (must exceed every other client's to be
+            primary).
+        p4info: the P4Info file.
+        device_config: the target's program (BMv2 JSON), or None for the reference target.
+        router_mac: source MAC the switch writes into routed frames.
+        program_forwarding: install routes, L2 entries and port roles for the configured hosts
+            and pools (False: another system owns forwarding).
+        epoch_state_file: where the epoch clock persists its high-water mark, or None.
+    """
+
+    name: str
+    address: str
+    device_id: int = 1
+    election_id: int = 10
+    p4info: Path = DEFAULT_P4INFO
+    device_config: Path | None = None
+    router_mac: str = "02:00:00:00:00:fe"
+    program_forwarding: bool = True
+    epoch_state_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One DRAM pool node.
+
+    Attributes:
+        name: unique name (its consistent-hashing identity).
+        ip: the data-plane IPv4 address missed GETs are rewritten to.
+        mac: its MAC (for the route and L2 entry), or None when forwarding is not programmed.
+        port: the switch port it is reached through, or None (idem).
+        switch: the switch it hangs off.
+        fetch_host: where the controller sends its NOCACHE GETs for chunk bytes.
+        fetch_port: the UDP port there.
+    """
+
+    name: str
+    ip: str
+    switch: str
+    fetch_host: str
+    fetch_port: int = c.KVP_UDP_PORT
+    mac: str | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One GPU host (a multicast replica destination and an access reporter).
+
+    Attributes:
+        name: unique name; access reports name their host by it (or by ``id``).
+        id: the integer host id the cache policy sees.
+        ip: IPv4 address.
+        mac: MAC address.
+        port: the switch port it is reached through.
+        udp_port: the UDP port its agent receives replicas on.
+        switch: the switch it hangs off.
+    """
+
+    name: str
+    id: int
+    ip: str
+    mac: str
+    port: int
+    switch: str
+    udp_port: int = AGENT_PORT
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The cache policy.
+
+    Attributes:
+        name: registry name (``controlplane.policies.available_policies()``).
+        params: keyword parameters of the policy's constructor (besides the capacity).
+        dry_run: the policy decides and the decisions are counted and logged, but the switch
+            cache is never changed (a shadow run, or "cache off" for an experiment).
+    """
+
+    name: str = "kvcast"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class SketchSpec:
+    """The hot-miss sketch.
+
+    Attributes:
+        window_s: seconds between sketch windows (each key is reported once per window).
+        threshold: misses in one window that make a key hot.
+    """
+
+    window_s: float = 10.0
+    threshold: int = c.HOT_MISS_THRESHOLD
+
+
+@dataclass(frozen=True)
+class ReportApiSpec:
+    """The host agents' access-report API.
+
+    Attributes:
+        listen: where it binds.
+        max_body_bytes: larger request bodies are refused (413).
+        max_queue: accesses waiting for the next tick; beyond it reports are refused (503).
+        clock_skew_s: report times later than now by more than this are clamped to now.
+    """
+
+    listen: ListenAddress = ListenAddress("0.0.0.0", 9109)
+    max_body_bytes: int = 4 << 20
+    max_queue: int = 200_000
+    clock_skew_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The controller daemon's configuration.
+
+    Attributes:
+        switches: the switches (at least one).
+        pools: the DRAM pool nodes.
+        hosts: the GPU hosts.
+        policy: the cache policy.
+        sram_budget_bytes: SRAM the policy may fill on each switch.
+        tick_s: seconds between decision ticks.
+        sketch: hot-miss sketch settings.
+        metrics: where the Prometheus endpoint binds, or None for none.
+        report_api: the access-report API.
+        chunk_timeout_s: bound on reading one chunk's bytes from the pool.
+        max_loads_per_tick: admissions applied per switch and tick (the rest wait).
+        log_level: logging level name.
+        source: the file it was read from, if any.
+    """
+
+    switches: tuple[SwitchSpec, ...]
+    pools: tuple[PoolSpec, ...] = ()
+    hosts: tuple[HostSpec, ...] = ()
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    sram_budget_bytes: int = SRAM_BYTES
+    tick_s: float = 1.0
+    sketch: SketchSpec = field(default_factory=SketchSpec)
+    metrics: ListenAddress | None = ListenAddress("0.0.0.0", 9108)
+    report_api: ReportApiSpec = field(default_factory=ReportApiSpec)
+    chunk_timeout_s: float = 5.0
+    max_loads_per_tick: int = 512
+    log_level: str = "INFO"
+    source: Path | None = None
+
+    def switch(self, name: str) -> SwitchSpec:
+        """A switch by name.
+
+        Raises:
+            ConfigError: no such switch.
+        """
+        for spec in self.switches:
+            if spec.name == name:
+                return spec
+        raise ConfigError(f"no switch named {name!r}")
+
+    def hosts_of(self, switch: str) -> tuple[HostSpec, ...]:
+        """The hosts hanging off a switch."""
+        return tuple(h for h in self.hosts if h.switch == switch)
+
+    def pools_of(self, switch: str) -> tuple[PoolSpec, ...]:
+        """The pool nodes hanging off a switch."""
+        return tuple(p for p in self.pools if p.switch == switch)
+
+
+# ------------------------------------------------------------------------------ parsing
+class _Section:
+    """A mapping being read: takes keys one by one, then complains about any left over."""
+
+    def __init__(self, raw: object, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path or 'the file'}: expected a mapping, got {_kind(raw)}")
+        self._raw = dict(raw)
+        self._path = path
+        self._known: list[str] = []
+
+    def at(self, key: str) -> str:
+        return f"{self._path}.{key}" if self._path else key
+
+    def take(self, key: str, default: object = ..., *, required: bool = False) -> Any:
+        self._known.append(key)
+        if key in self._raw:
+            return self._raw.pop(key)
+        if required or default is ...:
+            raise ConfigError(f"{self.at(key)}: required setting is missing")
+        return default
+
+    def done(self) -> None:
+        for key in self._raw:
+            hint = difflib.get_close_matches(str(key), self._known, n=1)
+            maybe = f"; did you mean {hint[0]!r}?" if hint else ""
+            known = ", ".join(self._known)
+            raise ConfigError(f"{self.at(str(key))}: unknown setting{maybe} (known: {known})")
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _str(value: object, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}: expected a non-empty string, got {_kind(value)} {value!r}")
+    return value
+
+
+def _int(value: object, path: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{path}: expected an integer, got {_kind(value)} {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{path}: {value} is outside {lo}..{hi}")
+    return value
+
+
+def _float(value: object, path: str, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{path}: expected a number, got {_kind(value)} {value!r}")
+    out = float(value)
+    if not math.isfinite(out) or (positive and out <= 0):
+        raise ConfigError(f"{path}: expected a positive finite number, got {value!r}")
+    return out
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}: expected true or false, got {_kind(value)} {value!r}")
+    return value
+
+
+def _ip(value: object, path: str) -> str:
+    text = _str(value, path)
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        raise ConfigError(f"{path}: {text!r} is not an IPv4 address") from None
+
+
+def _mac(value: object, path: str) -> str:
+    text = _str(value, path)
+    parts = text.split(":")
+    if len(parts) != 6 or not all(len(p) == 2 for p in parts):
+        raise ConfigError(f"{path}: {text!r} is not a MAC address like 00:00:00:00:00:01")
+    try:
+        bytes(int(p, 16) for p in parts)
+    except ValueError:
+        raise ConfigError(f"{path}: {text!r} is not a MAC address") from None
+    return text.lower()
+
+
+def _host_port(value: object, path: str, default_port: int | None = None) -> tuple[str, int]:
+    text = _str(value, path)
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"{path}: {text!r} is not host:port")
+        host, port_text = text, str(default_port)
+    if not host:
+        raise ConfigError(f"{path}: {text!r} has no host part")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{path}: port {port_text!r} of {text!r} is not a number") from None
+    return host, _int(port, path, 0, 65535)
+
+
+def _listen(value: object, path: str) -> ListenAddress:
+    host, port = _host_port(value, path)
+    return ListenAddress(host, port)
+
+
+def _path(value: object, path: str, base: Path | None, *, must_exist: bool) -> Path:
+    p = Path(_str(value, path)).expanduser()
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if must_exist and not p.is_file():
+        raise ConfigError(f"{path}: file {p} does not exist")
+    return p
+
+
+def _list(value: object, path: str) -> list[object]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{path}: expected a list, got {_kind(value)}")
+    return value
+
+
+def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
+    s = _Section(raw, path)
+    name = _str(s.take("name", required=True), s.at("name"))
+    address = s.take("address", required=True)
+    _host_port(address, s.at("address"))
+    device_config = s.take("device_config", None)
+    state = s.take("epoch_state_file", None)
+    spec = SwitchSpec(
+        name=name,
+        address=str(address),
+        device_id=_int(s.take("device_id", 1), s.at("device_id"), 0, (1 << 64) - 1),
+        election_id=_int(s.take("election_id", 10), s.at("election_id"), 1, _MAX_ELECTION_ID),
+        p4info=_path(s.take("p4info", str(DEFAULT_P4INFO)), s.at("p4info"), base, must_exist=True),
+        device_config=None
+        if device_config is None
+        else _path(device_config, s.at("device_config"), base, must_exist=True),
+        router_mac=_mac(s.take("router_mac", "02:00:00:00:00:fe"), s.at("router_mac")),
+        program_forwarding=_bool(s.take("program_forwarding", True), s.at("program_forwarding")),
+        epoch_state_file=None
+        if state is None
+        else _path(state, s.at("epoch_state_file"), base, must_exist=False),
+    )
+    s.done()
+    return spec
+
+
+def _pool(raw: object, path: str, default_switch: str | None) -> PoolSpec:
+    s = _Section(raw, path)
+    name = _str(s.take("name", required=True), s.at("name"))
+    ip = _ip(s.take("ip", required=True), s.at("ip"))
+    switch = s.take("switch", default_switch)
+    if switch is None:
+        raise ConfigError(f"{s.at('switch')}: required when there are several switches")
+    mac = s.take("mac", None)
+    port = s.take("port", None)
+    fetch = s.take("fetch_address", None)
+    fetch_host, fetch_port = (
+        (ip, c.KVP_UDP_PORT)
+        if fetch is None
+        else _host_port(fetch, s.at("fetch_address"), c.KVP_UDP_PORT)
+    )
+    spec = PoolSpec(
+        name=name,
+        ip=ip,
+        switch=_str(switch, s.at("switch")),
+        fetch_host=fetch_host,
+        fetch_port=fetch_port,
+        mac=None if mac is None else _mac(mac, s.at("mac")),
+        port=None if port is None else _int(port, s.at("port"), 0, 510),
+    )
+    s.done()
+    return spec
+
+
+def _host(raw: object, path: str, index: int, default_switch: str | None) -> HostSpec:
+    s = _Section(raw, path)
+    name = _str(s.take("name", required=True), s.at("name"))
+    switch = s.take("switch", default_switch)
+    if switch is None:
+        raise ConfigError(f"{s.at('switch')}: required when there are several switches")
+    spec = HostSpec(
+        name=name,
+        id=_int(s.take("id", index + 1), s.at("id"), 0, (1 << 31) - 1),
+        ip=_ip(s.take("ip", required=True), s.at("ip")),
+        mac=_mac(s.take("mac", required=True), s.at("mac")),
+        port=_int(s.take("port", required=True), s.at("port"), 0, 510),
+        switch=_str(switch, s.at("switch")),
+        udp_port=_int(s.take("udp_port", AGENT_PORT), s.at("udp_port"), 1, 65535),
+    )
+    s.done()
+    return spec
+
+
+def _policy(raw: object, budget: int) -> PolicySpec:
+    s = _Section({} if raw is None else raw, "policy")
+    name = _str(s.take("name", "kvcast"), s.at("name"))
+    params = s.take("params", None) or {}
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise ConfigError("policy.params: expected a mapping of parameter names to values")
+    dry_run = _bool(s.take("dry_run", False), s.at("dry_run"))
+    s.done()
+    if name not in available_policies(include_offline=False):
+        known = ", ".join(available_policies(include_offline=False))
+        raise ConfigError(f"policy.name: {name!r} is not an online policy; choose one of {known}")
+    if "capacity_bytes" in params:
+        raise ConfigError("policy.params.capacity_bytes: set sram_budget_bytes instead")
+    try:
+        make_policy(name, capacity_bytes=budget, **dict(params))
+    except PolicyConfigError as exc:
+        raise ConfigError(f"policy.params: {exc}") from None
+    return PolicySpec(name, dict(params), dry_run)
+
+
+def _check_unique(items: Sequence[tuple[str, object]], what: str) -> None:
+    seen: dict[object, str] = {}
+    for path, value in items:
+        if value in seen:
+            raise ConfigError(f"{path}: {what} {value!r} is also used by {seen[value]}")
+        seen[value] = path
+
+
+def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
+    """Validates a parsed configuration.
+
+    Args:
+        raw: the mapping (e.g. from ``yaml.safe_load``).
+        base: directory relative file paths are resolved against (the file's directory).
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ConfigError: the first problem found, named by its path in the file.
+    """
+    top = _Section(raw, "")
+    switch_list = _list(top.take("switches", required=True), "switches")
+    if not switch_list:
+        raise ConfigError("switches: at least one switch is required")
+    switches = tuple(_switch(r, f"switches[{i}]", base) for i, r in enumerate(switch_list))
+    _check_unique([(f"switches[{i}].name", s.name) for i, s in enumerate(switches)], "name")
+    only = switches[0].name if len(switches) == 1 else None
+    pools = tuple(
+        _pool(r, f"pools[{i}]", only) for i, r in enumerate(_list(top.take("pools", []), "pools"))
+    )
+    hosts = tuple(
+        _host(r, f"hosts[{i}]", i, only)
+        for i, r in enumerate(_list(top.take("hosts", []), "hosts"))
+    )
+    names = {s.name for s in switches}
+    placed = [(f"pools[{i}]", p.switch) for i, p in enumerate(pools)]
+    placed += [(f"hosts[{i}]", h.switch) for i, h in enumerate(hosts)]
+    for where, switch in placed:
+        if switch not in names:
+            raise ConfigError(
+                f"{where}.switch: no switch named {switch!r} (switches: {', '.join(sorted(names))})"
+            )
+    _check_unique(
+        [(f"pools[{i}].name", p.name) for i, p in enumerate(pools)]
+        + [(f"hosts[{i}].name", h.name) for i, h in enumerate(hosts)],
+        "name",
+    )
+    _check_unique([(f"hosts[{i}].id", h.id) for i, h in enumerate(hosts)], "host id")
+    _check_unique(
+        [(f"pools[{i}].ip", p.ip) for i, p in enumerate(pools)]
+        + [(f"hosts[{i}].ip", h.ip) for i, h in enumerate(hosts)],
+        "address",
+    )
+    _check_unique(
+        [(f"pools[{i}].port", (p.switch, p.port)) for i, p in enumerate(pools) if p.port]
+        + [(f"hosts[{i}].port", (h.switch, h.port)) for i, h in enumerate(hosts)],
+        "switch port",
+    )
+    for sw in switches:
+        if sw.program_forwarding:
+            for i, p in enumerate(pools):
+                if p.switch == sw.name and (p.mac is None or p.port is None):
+                    raise ConfigError(
+                        f"pools[{i}]: mac and port are required when switch {sw.name!r} "
+                        "programs forwarding (program_forwarding: true)"
+                    )
+    budget = _int(
+        top.take("sram_budget_bytes", SRAM_BYTES),
+        "sram_budget_bytes",
+        c.FRAG_BYTES,
+        SRAM_BYTES,
+    )
+    policy = _policy(top.take("policy", None), budget)
+    tick_s = _float(top.take("tick_s", 1.0), "tick_s")
+    sk = _Section(top.take("sketch", None) or {}, "sketch")
+    sketch = SketchSpec(
+        window_s=_float(sk.take("window_s", 10.0), sk.at("window_s")),
+        threshold=_int(sk.take("threshold", c.HOT_MISS_THRESHOLD), sk.at("threshold"), 1, 1 << 24),
+    )
+    sk.done()
+    metrics_raw = top.take("metrics", {"listen": "0.0.0.0:9108"})
+    metrics: ListenAddress | None = None
+    if metrics_raw is not None:
+        m = _Section(metrics_raw, "metrics")
+        metrics = _listen(m.take("listen", required=True), m.at("listen"))
+        m.done()
+    ra = _Section(top.take("report_api", None) or {}, "report_api")
+    report_api = ReportApiSpec(
+        listen=_listen(ra.take("listen", "0.0.0.0:9109"), ra.at("listen")),
+        max_body_bytes=_int(
+            ra.take("max_body_bytes", 4 << 20), ra.at("max_body_bytes"), 1024, 1 << 30
+        ),
+        max_queue=_int(ra.take("max_queue", 200_000), ra.at("max_queue"), 1, 1 << 30),
+        clock_skew_s=_float(ra.take("clock_skew_s", 5.0), ra.at("clock_skew_s")),
+    )
+    ra.done()
+    cs = _Section(top.take("chunk_source", None) or {}, "chunk_source")
+    chunk_timeout_s = _float(cs.take("timeout_s", 5.0), cs.at("timeout_s"))
+    cs.done()
+    max_loads = _int(top.take("max_loads_per_tick", 512), "max_loads_per_tick", 1, 1 << 20)
+    level = _str(top.take("log_level", "INFO"), "log_level").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"log_level: {level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    top.done()
+    if metrics is not None and metrics.port and metrics.port == report_api.listen.port:
+        raise ConfigError(
+            f"metrics.listen and report_api.listen both use port {metrics.port}; pick two"
+        )
+    return DaemonConfig(
+        switches=switches,
+        pools=pools,
+        hosts=hosts,
+        policy=policy,
+        sram_budget_bytes=budget,
+        tick_s=tick_s,
+        sketch=sketch,
+        metrics=metrics,
+        report_api=report_api,
+        chunk_timeout_s=chunk_timeout_s,
+        max_loads_per_tick=max_loads,
+        log_level=level,
+    )
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    """Reads and validates a YAML configuration file.
+
+    Relative file paths inside it (``p4info``, ``device_config``, ``epoch_state_file``) are
+    resolved against the file's directory.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or a setting is invalid.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration {p}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+    if raw is None:
+        raise ConfigError(f"{p} is empty; it needs at least a 'switches' list")
+    return dataclasses.replace(parse_config(raw, base=p.resolve().parent), source=p)
