@@ -12,9 +12,10 @@ frames), else the block is recomputed. Movement rules compared (``tier_rule``):
 
 Every run writes computed blocks through to the pool (Mooncake's behaviour) and lets the
 switch's ``kvcast`` policy promote chunks to SRAM (on distinct-host reuse per byte, with
-hysteresis); a chunk leaves SRAM when the policy evicts it (the pool still has it). Hosts and
-routing change which tier serves: the trace is replayed on 64 and 1,024 hosts with random and
-conversation-affinity routing, and the agentic workload on the same host counts.
+hysteresis); a chunk leaves SRAM when the policy evicts it (the pool still has it). Hosts,
+routing and DRAM size change which tier serves: the trace is replayed on 64 and 1,024 hosts
+with random and conversation-affinity routing, the agentic workload on the same host counts,
+each with 16 GiB of HBM and 32 or 256 GiB of DRAM per host for the prefix cache.
 
 Reported per run: the share of block references and of bytes each tier served, and the share
 of fetch time: ``time`` sums, per tier, the time from arrival until that tier's part of a
@@ -76,47 +77,53 @@ def run(args: argparse.Namespace) -> list[str]:
         w = make_workload(
             wname, hosts=hosts, quick=args.quick, mapping=mapping if mapping != "-" else "random"
         )
-        for mname in models:
-            for rule in rules:
-                cfg = ClusterConfig(
-                    hosts=hosts,
-                    model=MODELS[mname],
-                    tier_rule=rule,
-                    hbm_cache_gib=args.hbm_gib,
-                    dram_cache_gib=args.dram_gib,
-                    fabric="kvcast",
-                    policy="kvcast",
-                )
-                if first:
-                    print(f"# q2: {describe(cfg)}", flush=True)
-                    first = False
-                r = ClusterSim(cfg, w).run()
-                refs = [*r.tier_refs, r.computed_blocks]
-                total_refs = sum(refs) or 1
-                tier_time = sum(r.tier_time_s) or 1.0
-                crit = sum(r.critical_s) or 1.0
-                net_bytes = sum(r.tier_bytes) or 1.0
-                fields: dict[str, Any] = {
-                    "workload": wname,
-                    "mapping": mapping,
-                    "hosts": hosts,
-                    "model": mname,
-                    "rule": rule,
-                    **{f"refs_{k}": refs[i] / total_refs for i, k in enumerate(_KINDS)},
-                    **{f"bytes_{k}": r.tier_bytes[i] / net_bytes for i, k in enumerate(TIERS)},
-                    **{f"time_{k}": r.tier_time_s[i] / tier_time for i, k in enumerate(TIERS)},
-                    **{f"critical_{k}": r.critical_s[i] / crit for i, k in enumerate(TIERS)},
-                    "dram_to_hbm": r.dram_to_hbm,
-                    "hbm_to_dram": r.hbm_to_dram,
-                    "host_evictions": r.host_evictions,
-                    "sram_admissions": r.admissions,
-                    "fetch_mean_s": r.fetch_stat(-1),
-                    "ttft_mean_s": r.ttft_stat(-1),
-                    "ttft_p99_s": r.ttft_stat(99),
-                    "gpu_busy_s": r.gpu_busy_s,
-                }
-                lines.append(result_line("q2", **fields))
-                rows.append({**fields, **r.row()})
+        grid = [
+            (mname, dram, rule)
+            for mname in models
+            for dram in (float(d) for d in args.dram_gib.split(","))
+            for rule in rules
+        ]
+        for mname, dram, rule in grid:
+            cfg = ClusterConfig(
+                hosts=hosts,
+                model=MODELS[mname],
+                tier_rule=rule,
+                hbm_cache_gib=args.hbm_gib,
+                dram_cache_gib=dram,
+                fabric="kvcast",
+                policy="kvcast",
+            )
+            if first:
+                print(f"# q2: {describe(cfg)}", flush=True)
+                first = False
+            r = ClusterSim(cfg, w).run()
+            refs = [*r.tier_refs, r.computed_blocks]
+            total_refs = sum(refs) or 1
+            tier_time = sum(r.tier_time_s) or 1.0
+            crit = sum(r.critical_s) or 1.0
+            net_bytes = sum(r.tier_bytes) or 1.0
+            fields: dict[str, Any] = {
+                "workload": wname,
+                "mapping": mapping,
+                "hosts": hosts,
+                "model": mname,
+                "dram_gib": dram,
+                "rule": rule,
+                **{f"refs_{k}": refs[i] / total_refs for i, k in enumerate(_KINDS)},
+                **{f"bytes_{k}": r.tier_bytes[i] / net_bytes for i, k in enumerate(TIERS)},
+                **{f"time_{k}": r.tier_time_s[i] / tier_time for i, k in enumerate(TIERS)},
+                **{f"critical_{k}": r.critical_s[i] / crit for i, k in enumerate(TIERS)},
+                "dram_to_hbm": r.dram_to_hbm,
+                "hbm_to_dram": r.hbm_to_dram,
+                "host_evictions": r.host_evictions,
+                "sram_admissions": r.admissions,
+                "fetch_mean_s": r.fetch_stat(-1),
+                "ttft_mean_s": r.ttft_stat(-1),
+                "ttft_p99_s": r.ttft_stat(99),
+                "gpu_busy_s": r.gpu_busy_s,
+            }
+            lines.append(result_line("q2", **fields))
+            rows.append({**fields, **r.row()})
     out: Path = args.out
     csv_path = write_csv(out / "q2_tiers.csv", rows)
     png = out / "q2_tiers.png"
@@ -129,7 +136,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     labels = [
         f"{r['workload'][:4]}{'' if r['mapping'] == '-' else '/' + r['mapping'][:4]} "
-        f"{r['hosts']}h {r['model']} {r['rule']}"
+        f"{r['hosts']}h {r['model']} D{r['dram_gib']:g} {r['rule']}"
         for r in rows
     ]
     fig, axes = plt.subplots(1, 2, figsize=(15, 0.32 * len(rows) + 2.5), squeeze=False)
@@ -168,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models", default="llama3-8b,small-kv4")
     ap.add_argument("--rules", default=",".join(TIER_RULES))
     ap.add_argument("--hbm-gib", type=float, default=16.0, help="HBM prefix cache per host")
-    ap.add_argument("--dram-gib", type=float, default=256.0, help="DRAM prefix cache per host")
+    ap.add_argument("--dram-gib", default="32,256", help="DRAM prefix cache per host (GiB)")
     args = ap.parse_args(argv)
     run(args)
     return 0

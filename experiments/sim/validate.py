@@ -360,8 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# compared: relief T_a/T_x of the time until all N hosts hold the prefix (max_s), "
         f"measured vs the flow model at pool {params.pool_mbit:g} Mbit/s, hosts "
-        f"{params.host_mbit:g} Mbit/s, switch {params.switch_pps or 'unlimited'} forwards/s "
-        f"(a copy costs {params.replica_cost:g} of a forward), host agents "
+        f"{params.host_mbit:g} Mbit/s, switch "
+        f"{f'{params.switch_pps:.0f}' if params.switch_pps else 'unlimited'} forwards/s "
+        f"(a copy costs {params.replica_cost:.3g} of a forward), host agents "
         f"{params.host_pps or 'unlimited'} packets/s, FRAG_BYTES {params.frag_bytes}, "
         f"MTU {params.wire.mtu}, fixed {params.fixed_s:g} s; pool bytes and absolute times "
         "are shown, not counted"

@@ -31,7 +31,7 @@ def test_q1_smoke_compares_policies_with_the_optimum(tmp_path, capsys):
 
 def test_q2_smoke_reports_tier_shares(tmp_path, capsys):
     args = ["--quick", "--out", str(tmp_path), "--workloads", "agentic", "--hosts", "64"]
-    args += ["--models", "small-kv4", "--rules", "inclusive,exclusive"]
+    args += ["--models", "small-kv4", "--rules", "inclusive,exclusive", "--dram-gib", "32"]
     assert q2.main(args) == 0
     lines = _results(capsys.readouterr().out, "q2")
     assert len(lines) == 2
