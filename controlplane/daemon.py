@@ -160,6 +160,12 @@ class ControllerMetrics:
         self.evictions = Counter(
             p + "evictions", "Chunks evicted from switch SRAM", ["switch", "action"], registry=r
         )
+        self.decisions = Counter(
+            p + "decisions",
+            "Policy decisions, applied or not (dry run): admit, drop, demote",
+            ["switch", "kind"],
+            registry=r,
+        )
         self.demotions_unreturned = Counter(
             p + "demotions_unreturned",
             "DEMOTEd chunks the DRAM pool no longer holds and that could not be written back",
@@ -782,8 +788,11 @@ class Controller:
         rt.policy.record_many(merged)
         decision = rt.policy.on_tick(now)
         summary.admitted = len(decision.admit)
+        if decision.admit:
+            m.decisions.labels(rt.name, "admit").inc(len(decision.admit))
         for ev in decision.evict:
             summary.evicted[ev.action.value] = summary.evicted.get(ev.action.value, 0) + 1
+            m.decisions.labels(rt.name, ev.action.value).inc()
         if decision.admit or decision.evict:
             _LOG.info(
                 "policy decision",
@@ -795,10 +804,7 @@ class Controller:
                     "dry_run": self.config.policy.dry_run,
                 },
             )
-        if self.config.policy.dry_run:
-            for ev in decision.evict:
-                m.evictions.labels(rt.name, ev.action.value).inc()
-        elif ready:
+        if not self.config.policy.dry_run and ready:
             try:
                 await self._apply(rt, decision, now, summary)
                 summary.applied = True

@@ -315,6 +315,8 @@ def test_dry_run_decides_but_never_changes_the_cache(env: Env) -> None:
             summary = (await ctl.tick())["s1"]
             assert summary.admitted == 2 and not summary.applied
             assert cache_keys(env.sw) == set()
+            assert sample(ctl, "kvcast_controller_decisions_total", switch="s1", kind="admit") == 2
+            assert sample(ctl, "kvcast_controller_loads_total", switch="s1") == 0
             assert served(env.sw, KEYS["A"]) == ["miss"] * 3
         finally:
             await ctl.stop()

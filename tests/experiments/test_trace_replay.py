@@ -1,0 +1,82 @@
+"""Trace replay planning (no root needed): keys, what is fetched, host assignment, slices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controlplane.policies.workloads import default_trace_path
+from experiments.trace_replay import block_key, distinct_blocks, main, plan_requests
+
+
+def write_trace(path: Path, requests: list[tuple[int, list[int]]]) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": ts, "input_length": 1, "output_length": 1, "hash_ids": ids})
+            + "\n"
+            for ts, ids in requests
+        )
+    )
+    return path
+
+
+def test_block_keys_are_stable_distinct_64_bit_values() -> None:
+    keys = [block_key(i) for i in range(10_000)]
+    assert len(set(keys)) == len(keys)
+    assert all(0 <= k < 1 << 64 for k in keys)
+    assert block_key(7) == block_key(7)
+    assert len({k & 0xFF for k in keys}) == 256  # spread over every pool bucket
+
+
+def test_a_request_fetches_exactly_its_prefix_seen_in_earlier_requests(tmp_path: Path) -> None:
+    trace = write_trace(
+        tmp_path / "t.jsonl",
+        [(0, [1, 2, 3]), (100, [1, 2, 4, 5]), (200, [1, 2, 4, 3]), (300, [9, 1])],
+    )
+    reqs = plan_requests(trace, max_requests=10, hosts=2)
+    k = {i: block_key(i) for i in (1, 2, 3, 4, 5, 9)}
+    assert [(r.fetch, r.computed) for r in reqs] == [
+        ((), (k[1], k[2], k[3])),
+        ((k[1], k[2]), (k[4], k[5])),
+        ((k[1], k[2], k[4], k[3]), ()),  # 3 was seen (request 0), at another position
+        ((), (k[9], k[1])),  # a seen block behind an unseen one is computed, not fetched
+    ]
+    assert [r.time for r in reqs] == [0.0, 0.1, 0.2, 0.3]
+    assert distinct_blocks(reqs) == [k[1], k[2], k[3], k[4], k[5], k[9]]
+
+
+def test_hosts_are_assigned_by_seed_and_a_slice_keeps_its_hosts(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", [(i * 10, [i]) for i in range(50)])
+    whole = plan_requests(trace, max_requests=50, hosts=4, seed=3)
+    assert whole == plan_requests(trace, max_requests=50, hosts=4, seed=3)
+    assert {r.host for r in whole} == {0, 1, 2, 3}
+    part = plan_requests(trace, max_requests=10, start=20, hosts=4, seed=3)
+    assert [r.host for r in part] == [r.host for r in whole[20:30]]
+    assert [r.index for r in part] == list(range(10))
+
+
+def test_bad_slices_are_refused(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", [(0, [1])])
+    with pytest.raises(ValueError, match="max_requests"):
+        plan_requests(trace, max_requests=0)
+
+
+def test_the_shipped_trace_reuses_block_zero_from_the_second_request() -> None:
+    path = default_trace_path()
+    if path is None:
+        pytest.skip("conversation_trace.jsonl not found (set KVCAST_TRACE)")
+    reqs = plan_requests(path, max_requests=400, hosts=8)
+    assert reqs[0].fetch == () and all(r.fetch[:1] == (block_key(0),) for r in reqs[1:])
+    fetched = sum(len(r.fetch) for r in reqs)
+    assert fetched == 1528  # prefix blocks an earlier request used (docs/controlplane.md)
+
+
+def test_the_cli_refuses_bad_runs_before_building_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--runs", "sideways", "--trace", "/dev/null"])
+    assert exit_.value.code == 2
+    assert "--runs takes cache-off and/or cache-on" in capsys.readouterr().err
