@@ -25,6 +25,7 @@ A complete example (only ``switches`` is required; every other setting has a def
       name: kvcast
       params: {hysteresis: 0.25}
       dry_run: false                   # true: decide and count, never touch the cache
+      min_accesses: 1                  # reports of a chunk before the policy hears of it
     sram_budget_bytes: 2097152         # default and maximum: NUM_FRAG_SLOTS * FRAG_BYTES
     tick_s: 1.0
     sketch: {window_s: 10.0, threshold: 8}
@@ -190,11 +191,17 @@ class PolicySpec:
         params: keyword parameters of the policy's constructor (besides the capacity).
         dry_run: the policy decides and the decisions are counted and logged, but the switch
             cache is never changed (a shadow run, or "cache off" for an experiment).
+        min_accesses: reported accesses a chunk needs before the policy hears of it (1: all
+            at once). With 2, a chunk used once is never loaded: the daemon holds its first
+            access back and hands both to the policy at the second (a doorkeeper in front of
+            any policy, as TinyLFU's); SRAM loads, which cost pool reads and WRITE packets,
+            then go only to chunks that were reused.
     """
 
     name: str = "kvcast"
     params: Mapping[str, Any] = field(default_factory=dict)
     dry_run: bool = False
+    min_accesses: int = 1
 
 
 @dataclass(frozen=True)
@@ -482,6 +489,7 @@ def _policy(raw: object, budget: int) -> PolicySpec:
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise ConfigError("policy.params: expected a mapping of parameter names to values")
     dry_run = _bool(s.take("dry_run", False), s.at("dry_run"))
+    min_accesses = _int(s.take("min_accesses", 1), s.at("min_accesses"), 1, 64)
     s.done()
     if name not in available_policies(include_offline=False):
         known = ", ".join(available_policies(include_offline=False))
@@ -492,7 +500,7 @@ def _policy(raw: object, budget: int) -> PolicySpec:
         make_policy(name, capacity_bytes=budget, **dict(params))
     except PolicyConfigError as exc:
         raise ConfigError(f"policy.params: {exc}") from None
-    return PolicySpec(name, dict(params), dry_run)
+    return PolicySpec(name, dict(params), dry_run, min_accesses)
 
 
 def _check_unique(items: Sequence[tuple[str, object]], what: str) -> None:

@@ -184,6 +184,12 @@ class ControllerMetrics:
         self.accesses = Counter(
             p + "accesses", "Accesses fed to the policy", ["switch", "source"], registry=r
         )
+        self.held = Counter(
+            p + "accesses_held",
+            "Reported accesses held back until their chunk has policy.min_accesses",
+            ["switch"],
+            registry=r,
+        )
         self.digests = Counter(
             p + "digests",
             "Hot-miss digests received (explained: a host reported the key this window)",
@@ -437,6 +443,9 @@ class SwitchRuntime:
         self.adopted: set[ChunkId] = set()
         self.demoted: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.absent: dict[int, float] = {}  # key -> when to ask the pool for it again
+        # The doorkeeper (policy.min_accesses): accesses held back, and keys let through.
+        self.held: collections.OrderedDict[int, list[Access]] = collections.OrderedDict()
+        self.passed: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.last_tick: TickSummary | None = None
         metrics.connected.labels(spec.name).set_function(lambda: float(self.client.is_ready))
         metrics.sram_budget.labels(spec.name).set(config.sram_budget_bytes)
@@ -642,7 +651,7 @@ class Controller:
                 configured), or the queue is full (503).
         """
         try:
-            if self._hosts:
+            if self.config.hosts:
                 for i, r in enumerate(reports):
                     if r.host not in self._hosts:
                         names = sorted(str(h.name) for h in self.config.hosts)
@@ -685,11 +694,12 @@ class Controller:
         found = self._hosts.get(report.host)
         if found is not None:
             return found
-        # No hosts configured (checked at intake): one switch, ids by first sight.
+        # No hosts configured (checked at intake): one switch, ids by first sight. Only the tick
+        # (the event loop) adds entries; the intake threads never read this map in this mode.
         switch = next(iter(self.switches))
         if isinstance(report.host, int):
             return report.host, switch
-        hid = 1_000_000 + len(self._hosts)
+        hid = (1 << 30) + len(self._hosts)
         self._hosts[report.host] = (hid, switch)
         return hid, switch
 
@@ -760,7 +770,7 @@ class Controller:
     ) -> TickSummary:
         summary = TickSummary(rt.name)
         m = self.metrics
-        accesses: dict[str, list[Access]] = {"report": reported}
+        accesses: dict[str, list[Access]] = {"report": self._doorkeeper(rt, reported)}
         for a in reported:
             if a.hit is not None:
                 rt.absent.pop(a.key, None)  # a host just fetched it: the pool may have it again
@@ -813,6 +823,34 @@ class Controller:
         self._update_gauges(rt)
         rt.last_tick = summary
         return summary
+
+    def _doorkeeper(self, rt: SwitchRuntime, reported: list[Access]) -> list[Access]:
+        """Holds reported accesses of a chunk back until it has ``policy.min_accesses``."""
+        need = self.config.policy.min_accesses
+        if need <= 1:
+            return reported
+        out: list[Access] = []
+        held_now = 0
+        for a in reported:
+            if a.key in rt.passed:
+                rt.passed.move_to_end(a.key)
+                out.append(a)
+                continue
+            held = rt.held.pop(a.key, [])
+            held.append(a)
+            if len(held) < need:
+                rt.held[a.key] = held
+                held_now += 1
+                continue
+            out.extend(held)
+            rt.passed[a.key] = None
+            if len(rt.passed) > _MAX_TRACKED_KEYS:
+                rt.passed.popitem(last=False)
+        while len(rt.held) > _MAX_TRACKED_KEYS:
+            rt.held.popitem(last=False)
+        if held_now:
+            self.metrics.held.labels(rt.name).inc(held_now)
+        return out
 
     async def _counter_accesses(self, rt: SwitchRuntime, now: float) -> list[Access]:
         counts = await rt.stats.cache_hits()

@@ -432,6 +432,7 @@ def controller_config(
     max_loads_per_tick: int,
     sram_budget_bytes: int | None,
     policy_params: dict[str, Any] | None = None,
+    min_accesses: int = 1,
 ) -> dict[str, Any]:
     """The daemon's configuration for one run (a mapping to dump as YAML).
 
@@ -446,6 +447,7 @@ def controller_config(
         max_loads_per_tick: admissions applied per tick.
         sram_budget_bytes: SRAM budget, or None for all of it.
         policy_params: the policy's parameters.
+        min_accesses: reports of a chunk before the policy hears of it.
 
     Returns:
         The configuration.
@@ -479,7 +481,12 @@ def controller_config(
             {"name": h.name, "id": h.port, "ip": h.ip, "mac": h.mac, "port": h.port}
             for h in cluster.hosts()
         ],
-        "policy": {"name": policy, "params": dict(policy_params or {}), "dry_run": not cache_on},
+        "policy": {
+            "name": policy,
+            "params": dict(policy_params or {}),
+            "dry_run": not cache_on,
+            "min_accesses": min_accesses,
+        },
         "tick_s": tick_s,
         "sketch": {"window_s": max(5.0, 10 * tick_s)},
         "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
@@ -575,6 +582,7 @@ def run_replay(
     block_bytes: int,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
+    min_accesses: int = 1,
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -592,6 +600,7 @@ def run_replay(
         block_bytes: bytes per block.
         policy: controller policy name.
         policy_params: its parameters.
+        min_accesses: reports of a chunk before the policy hears of it.
         tick_s: controller tick period.
         max_loads_per_tick: controller admissions per tick.
         sram_budget_bytes: SRAM budget (None: all of it).
@@ -619,6 +628,7 @@ def run_replay(
         max_loads_per_tick=max_loads_per_tick,
         sram_budget_bytes=sram_budget_bytes,
         policy_params=policy_params,
+        min_accesses=min_accesses,
     )
     pool = cluster.pools()[0]
     hosts = cluster.hosts()
@@ -731,6 +741,7 @@ def run_experiment(
     host_mbit: float | None = 20.0,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
+    min_accesses: int = 1,
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -749,6 +760,7 @@ def run_experiment(
         host_mbit: host link rate (None: unshaped).
         policy: controller policy.
         policy_params: its parameters.
+        min_accesses: reports of a chunk before the policy hears of it.
         tick_s: controller tick period.
         max_loads_per_tick: controller admissions per tick.
         sram_budget_bytes: SRAM budget (None: all).
@@ -812,6 +824,7 @@ def run_experiment(
                     block_bytes=block_bytes,
                     policy=policy,
                     policy_params=policy_params,
+                    min_accesses=min_accesses,
                     tick_s=tick_s,
                     max_loads_per_tick=max_loads_per_tick,
                     sram_budget_bytes=sram_budget_bytes,
@@ -973,6 +986,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a policy parameter (YAML value), repeatable, e.g. hysteresis=1.0",
     )
+    ap.add_argument(
+        "--min-accesses",
+        type=int,
+        default=1,
+        help="reports of a chunk before the controller's policy hears of it (2: reused only)",
+    )
     ap.add_argument("--tick", type=float, default=0.5, help="controller tick period, s")
     ap.add_argument("--max-loads-per-tick", type=int, default=64)
     ap.add_argument("--sram-budget", type=int, help="SRAM budget in bytes (default: all)")
@@ -1011,6 +1030,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_mbit=args.host_mbit,
         policy=args.policy,
         policy_params=policy_params,
+        min_accesses=args.min_accesses,
         tick_s=args.tick,
         max_loads_per_tick=args.max_loads_per_tick,
         sram_budget_bytes=args.sram_budget,

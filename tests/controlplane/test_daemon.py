@@ -324,6 +324,30 @@ def test_dry_run_decides_but_never_changes_the_cache(env: Env) -> None:
     run(main())
 
 
+def test_min_accesses_keeps_chunks_used_once_out_of_the_policy(env: Env) -> None:
+    a, b = KEYS["A"], KEYS["B"]
+    config = env.config(policy={"name": "kvcast", "min_accesses": 2})
+
+    async def main() -> None:
+        ctl = await started(config)
+        rt = ctl.switches["s1"]
+        try:
+            await post(ctl, report(a, hit=None), report(b, hit=None))
+            summary = (await ctl.tick())["s1"]
+            assert summary.accesses == {} and cache_keys(env.sw) == set()
+            assert sample(ctl, "kvcast_controller_accesses_held_total", switch="s1") == 2
+            await post(ctl, report(a))  # a is reused: both its accesses reach the policy
+            summary = (await ctl.tick())["s1"]
+            assert summary.accesses == {"report": 2} and summary.loaded == 1
+            assert cache_keys(env.sw) == {a} and b not in rt.policy.resident_keys()
+            await post(ctl, report(a, hit=True))  # known now: passes at once
+            assert (await ctl.tick())["s1"].accesses == {"report": 1}
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
 # ---------------------------------------------------------------------- switch inputs
 def test_counter_hits_no_host_reported_become_observer_accesses(env: Env) -> None:
     a = KEYS["A"]
@@ -401,6 +425,21 @@ def test_reports_from_unknown_hosts_are_refused_and_the_daemon_carries_on(env: E
             assert (await post(ctl, report(KEYS["A"])))[0] == 202
             assert (await ctl.tick())["s1"].loaded == 1
             assert sample(ctl, "kvcast_controller_report_requests_total", code="400") == 1
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
+def test_without_configured_hosts_any_reporter_is_accepted(env: Env) -> None:
+    async def main() -> None:
+        ctl = await started(env.config(hosts=[]))
+        try:
+            for name in ("alpha", "beta", 7):
+                r = AccessReport(TENANT, KEYS["A"], SIZE, name, time.time(), False)
+                assert (await post(ctl, r))[0] == 202
+                await ctl.tick()
+            assert cache_keys(env.sw) == {KEYS["A"]}
         finally:
             await ctl.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 import pytest
 
@@ -19,10 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 REQUESTS = 24
 SHARED = [1, 2, 3]  # every request starts with these blocks
+Summaries = dict[str, dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def results(tmp_path_factory: pytest.TempPathFactory) -> Summaries:
     if os.geteuid() != 0:
         pytest.skip("Mininet needs root (network namespaces, veth, tc)")
     if shutil.which("mnexec") is None:
@@ -51,25 +53,25 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {name: r.summary() for name, r in got.items()}
 
 
-def test_every_request_gets_verified_blocks_in_both_runs(results: dict) -> None:
+def test_every_request_gets_verified_blocks_in_both_runs(results: Summaries) -> None:
     for name, s in results.items():
         assert s["missing"] == 0, name
         assert s["requests_ok"] == REQUESTS, (name, s)
         assert s["blocks_fetched"] == (REQUESTS - 1) * len(SHARED), name
 
 
-def test_the_cache_on_run_sends_fewer_pool_bytes_when_blocks_repeat(results: dict) -> None:
+def test_the_cache_on_run_sends_fewer_pool_bytes_when_blocks_repeat(results: Summaries) -> None:
     on, off = results["cache-on"], results["cache-off"]
     assert on["pool_tx_bytes"] < off["pool_tx_bytes"], (on, off)
     assert on["blocks_hit"] > 0 and on["loads"] > 0
 
 
-def test_the_cache_off_run_never_loads_or_hits(results: dict) -> None:
+def test_the_cache_off_run_never_loads_or_hits(results: Summaries) -> None:
     off = results["cache-off"]
     assert off["loads"] == 0 and off["blocks_hit"] == 0 and off["frag_hit_ratio"] == 0.0
     assert off["pool_tx_bytes"] >= off["blocks_fetched"] * 1024
 
 
-def test_agents_reports_reach_the_controller(results: dict) -> None:
+def test_agents_reports_reach_the_controller(results: Summaries) -> None:
     for name, s in results.items():
         assert s["reports"] == REQUESTS * (len(SHARED) + 1), name
