@@ -752,16 +752,31 @@ class Controller:
                         r.position,
                     )
                 )
+            names = list(self.switches)
             results = await asyncio.gather(
-                *(
-                    self._tick_switch(rt, now, per_switch[name])
-                    for name, rt in self.switches.items()
-                )
+                *(self._tick_switch(self.switches[n], now, per_switch[n]) for n in names),
+                return_exceptions=True,
             )
+            summaries: dict[str, TickSummary] = {}
+            for name, result in zip(names, results, strict=True):
+                if isinstance(result, TickSummary):
+                    summaries[name] = result
+                    continue
+                if not isinstance(result, Exception):  # CancelledError, KeyboardInterrupt
+                    raise result
+                # One switch's failure (a policy bug, an unexpected error) must not stop the
+                # others; the next tick starts again from the policy's and the switch's state.
+                _LOG.error(
+                    "tick failed on %s: %r",
+                    name,
+                    result,
+                    exc_info=result,
+                    extra={"event": "tick_error", "switch": name},
+                )
+                summaries[name] = TickSummary(name, errors=1)
             self._ticks += 1
             self.metrics.ticks.inc()
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
-            summaries = {s.switch: s for s in results}
             self._refresh_status()
             return summaries
 

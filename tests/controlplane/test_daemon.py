@@ -348,6 +348,29 @@ def test_min_accesses_keeps_chunks_used_once_out_of_the_policy(env: Env) -> None
     run(main())
 
 
+def test_a_failing_policy_is_logged_as_a_tick_error_and_the_next_tick_recovers(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        ctl = await started(env.config())
+        rt = ctl.switches["s1"]
+        try:
+            await post(ctl, report(KEYS["A"]))
+
+            def broken(now: float) -> object:
+                raise RuntimeError("policy bug")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(rt.policy, "on_tick", broken)
+                assert (await ctl.tick())["s1"].errors == 1
+            assert cache_keys(env.sw) == set()
+            assert (await ctl.tick())["s1"].loaded == 1  # recorded before the failure
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
 # ---------------------------------------------------------------------- switch inputs
 def test_counter_hits_no_host_reported_become_observer_accesses(env: Env) -> None:
     a = KEYS["A"]
