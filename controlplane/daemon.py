@@ -63,7 +63,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
@@ -1145,22 +1145,3 @@ async def serve(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-
-
-def summarize_ticks(summaries: Iterable[TickSummary]) -> dict[str, int]:
-    """Totals over tick summaries (for logs and tests).
-
-    Args:
-        summaries: tick summaries.
-
-    Returns:
-        ``loaded``, ``admitted``, ``errors`` and ``unloaded_<action>`` totals.
-    """
-    out: dict[str, int] = {"loaded": 0, "admitted": 0, "errors": 0}
-    for s in summaries:
-        out["loaded"] += s.loaded
-        out["admitted"] += s.admitted
-        out["errors"] += s.errors
-        for action, n in s.unloaded.items():
-            out[f"unloaded_{action}"] = out.get(f"unloaded_{action}", 0) + n
-    return out
