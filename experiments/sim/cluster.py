@@ -17,7 +17,8 @@ the pool node that owns the key (splitmix64 of the key mod ``pools``); the first
 nowhere ends the usable prefix and the rest of the prompt is recomputed (prefill). SRAM and pool
 fetches are network accesses: the switch's cache policy (any policy of
 :mod:`controlplane.policies`, by registry name) observes each one as an ``Access`` and its
-decisions load or evict SRAM chunks (a load completes after ``SwitchSpec.load_s``). Pool blocks
+decisions load or evict SRAM chunks (a chunk is served once loaded: loads take
+``SwitchSpec.load_s`` each and queue one after another on the CPU port). Pool blocks
 of one request from one pool node form one flow; with coalescing, a block that is already on
 its way from the pool to another host is not sent again: the new host joins that stream (the
 block is split out of its flow into a multicast flow with both receivers) and fetches only the

@@ -154,9 +154,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, tofino_bytes: int) -> None:
             style = "k--" if pol == "belady" else "o-"
             axes[0][col].plot(xs, [100 * p[1]["pool_saved"] for p in pts], style, label=pol)
             axes[1][col].plot(xs, [100 * p[1]["fetch_saved"] for p in pts], style, label=pol)
+        budgets = sorted({r["budget"] / MIB for r in sel})
         for ax in axes[:, col]:
             ax.axvline(tofino_bytes / MIB, color="grey", lw=0.8, ls=":")
             ax.set_xscale("log")
+            ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+            ax.minorticks_off()
             ax.grid(True, alpha=0.3)
         axes[0][col].set(title=f"{wname} ({load} load)", ylabel="pool egress saved (%)")
         axes[1][col].set(xlabel="SRAM budget (MiB; dotted: one Tofino-1 pipe)")

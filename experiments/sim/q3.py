@@ -238,7 +238,10 @@ def _plot(sram: list[dict[str, Any]], demote: list[dict[str, Any]], path: Path) 
     axes[0].set_xticks(list(x), labels, rotation=70, fontsize=7)
     axes[0].set(ylabel="future hits lost per eviction", title="SRAM: value left, by label")
     axes[0].legend(fontsize=8)
-    keys = sorted({(r["workload"], str(r["pool_gib"])) for r in demote})
+    keys = sorted(
+        {(r["workload"], str(r["pool_gib"])) for r in demote},
+        key=lambda k: (k[0], float(k[1])),  # "inf" sorts last
+    )
     width = 0.8 / max(1, len(POOL_MODES))
     for j, mode in enumerate(POOL_MODES):
         gpu = []
