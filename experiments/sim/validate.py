@@ -19,9 +19,9 @@ replica cost to mode c at the largest N (one GET, N copies). Those two points ar
 not counted.
 
 Run: ``python -m experiments.sim.validate --emulation results/incast/summary.csv
---pool-mbit 20 --host-mbit 200 --switch-pps 20000``. Writes ``validation.csv`` and
-``validation.png`` under ``--out`` and prints ``result validate ...`` lines; exits 1 when a
-compared ratio is outside the tolerance.
+--pool-mbit 2 --host-mbit 20 --calibrate`` (the emulation's default link rates). Writes
+``validation.csv`` and ``validation.png`` under ``--out`` and prints ``result validate ...``
+lines; exits 1 when a compared ratio is outside the tolerance.
 
 Classes:
     Measured: the measured medians of one (mode, N, prefix size) point.
