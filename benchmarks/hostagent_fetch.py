@@ -1,5 +1,429 @@
-"""Host agent fetch goodput into a tensor (hostagent.bench)."""
+"""Host agent fetch goodput into a tensor: through the reference switch, on loopback, vs Mooncake.
 
-from hostagent.bench import run
+Three measurements, each a ratio of two things measured side by side in one run:
 
-__all__ = ["run"]
+``path=refswitch``
+    The reference switch (``python -m refswitch``) runs as a process on two veth pairs. The host
+    end of port 1 is moved into a network namespace ("host", 10.0.0.1) and the host end of port 2
+    into another ("peer", 10.0.1.1); both resolve the service VIP and each other to the switch
+    MAC, and the switch routes both addresses (``ipv4_lpm``). A synthetic chunk is loaded into
+    switch SRAM (``P4RuntimeClient.load_chunk``). Then ``python -m hostagent.bench probe`` runs
+    in the host namespace (``ip netns exec``) and alternates: one fetch of the chunk through the
+    switch (one GET per fragment, every fragment an SRAM hit) and one plain-UDP transfer of the
+    same bytes in datagrams of the same payload size (``FRAG_BYTES``), sent from a socket in the
+    peer namespace to the host through the switch's L3 path with the same window. Both cost
+    the switch one pipeline pass per fragment and the probe one receive and one copy per
+    fragment, so ``ratio = fetch_MBps / udp_MBps`` is what KVP (GET, SRAM read, CRC check,
+    fragment bookkeeping) costs over bare UDP on the same path.
+``path=refswitch-pool``
+    The same, with a pool node (``python -m poolnode --backend memory``) in the peer namespace
+    behind the switch: ``NOCACHE`` GETs of 5 fragments go through the switch to the pool, which
+    answers 1280-byte DATA; the plain-UDP baseline then uses 1280-byte datagrams.
+``path=mooncake``
+    ``mooncake_master`` and a pool node holding the chunk in its Mooncake segment
+    (``python -m poolnode --master ...``) on loopback. This process opens its own Mooncake
+    client (no segment of its own, so every read is a TCP transfer from the pool node's
+    segment) and alternates ``get_into`` of the chunk with a KVP fetch of it from the same pool
+    node over UDP loopback. ``ratio_to_kvp`` is Mooncake's goodput over that KVP fetch's;
+    ``ratio_to_kvp_refswitch`` over the through-switch fetch of the same chunk size above.
+
+The loopback pool-server line of ``hostagent.bench`` (``bench fetch ...``) runs first. Lines
+that cannot run here (not root, no Mooncake) say ``skipped=<reason>``.
+
+Classes:
+    SwitchTestbed: veth pairs, two namespaces and a programmed reference switch (a context
+        manager that removes everything it made).
+
+Functions:
+    measure_refswitch: the through-switch fetch vs plain-UDP probe.
+    measure_mooncake: Mooncake ``get_into`` vs KVP loopback fetch.
+    run: the suite entry point (prints ``bench hostagent_fetch ...`` lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from benchmarks import bench_line
+from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts
+from hostagent import bench as hostbench
+from hostagent.synthetic import synthetic_chunk
+from kvcast import p4constants as c
+from kvcast.p4rt_client import Lpm
+from poolnode.server import frags_per_data
+
+SUITE = "hostagent_fetch"
+SWITCH_MAC, VIP = "02:00:00:00:00:fe", "10.0.100.1"
+HOST_MAC, HOST_IP = "00:00:00:00:00:01", "10.0.0.1"
+PEER_MAC, PEER_IP = "00:00:00:00:01:01", "10.0.1.1"
+TENANT, KEY, SEED = 1, 0xBE7C5, 3
+# One 16-token block of DESIGN.md's small model (24 layers x K,V x 2 heads x 64 x bf16): 192 KiB.
+CHUNK_BYTES = 24 * 2 * 2 * 64 * 2 * 16
+
+
+def _ip(text: str) -> int:
+    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
+
+
+def _mac(text: str) -> int:
+    return int(text.replace(":", ""), 16)
+
+
+def _sh(*cmd: str) -> None:
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as exc:
+        raise TargetUnavailableError(
+            f"`{' '.join(cmd)}` failed: {exc.stderr.strip() or exc.returncode}"
+        ) from exc
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class SwitchTestbed:
+    """The reference switch on two veth ports, each host end in its own namespace.
+
+    Port 1 leads to the "host" namespace (``HOST_IP``, where the fetch client runs), port 2 to
+    the "peer" namespace (``PEER_IP``: the plain-UDP sender, and the pool node when one runs).
+    Everything is removed on ``close`` (also when construction fails half way).
+
+    Args:
+        logdir: where the switch's log goes.
+
+    Raises:
+        TargetUnavailableError: not root, no P4Info, or the switch or a namespace cannot start.
+    """
+
+    def __init__(self, logdir: Path) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.host_ns, self.peer_ns = f"kvhf{tag}h", f"kvhf{tag}p"
+        self._namespaces: list[str] = []
+        self.sw: SwitchProcess | None = None
+        self.veths = VethPorts([1, 2], prefix="khf")
+        try:
+            self.sw = SwitchProcess("refswitch", self.veths.interface_args(), logdir / "sw.log")
+            self._namespace(self.host_ns, self.veths.pairs[1].host_if, HOST_MAC, HOST_IP, PEER_IP)
+            self._namespace(self.peer_ns, self.veths.pairs[2].host_if, PEER_MAC, PEER_IP, HOST_IP)
+            self._program()
+        except BaseException:
+            self.close()
+            raise
+
+    def _namespace(self, ns: str, ifname: str, mac: str, ip: str, other: str) -> None:
+        _sh("ip", "netns", "add", ns)
+        self._namespaces.append(ns)
+        for conf in ("all", "default"):
+            _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                f"net.ipv6.conf.{conf}.disable_ipv6=1")  # fmt: skip
+        _sh("ip", "link", "set", ifname, "address", mac)
+        _sh("ip", "link", "set", ifname, "netns", ns)
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "-n", ns, "link", "set", ifname, "mtu", "9000", "up")
+        _sh("ip", "-n", ns, "addr", "add", f"{ip}/16", "dev", ifname)
+        for addr in (VIP, other):
+            _sh("ip", "-n", ns, "neigh", "replace", addr, "lladdr", SWITCH_MAC, "dev", ifname)
+        # The switch forwards frames as its raw socket sees them: a checksum left to a NIC
+        # that veth never completes would make the receiver drop the datagram.
+        _sh("ip", "netns", "exec", ns, "ethtool", "-K", ifname,
+            "tx", "off", "rx", "off", "sg", "off", "tso", "off", "gso", "off")  # fmt: skip
+
+    def _program(self) -> None:
+        assert self.sw is not None
+        cl = self.sw.client
+        for port, ip, mac in ((1, HOST_IP, HOST_MAC), (2, PEER_IP, PEER_MAC)):
+            cl.insert(
+                c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
+                {"dst_addr": Lpm(_ip(ip), 32)},
+                c.ACTION_INGRESS_FORWARDING_ROUTE,
+                {"port": port, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
+            )
+        cl.insert(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": 2},
+            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+            {"role": c.PORT_ROLE_POOL},
+        )
+        for bucket in range(c.POOL_BUCKETS):
+            cl.insert(
+                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
+                {"bucket": bucket},
+                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
+                {"pool_ip": _ip(PEER_IP)},
+            )
+
+    def load(self, nbytes: int) -> None:
+        """Puts the synthetic chunk ``(TENANT, KEY, nbytes, SEED)`` into switch SRAM."""
+        assert self.sw is not None
+        data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
+        self.sw.client.load_chunk(TENANT, KEY, data, slot_base=0, epoch=1)
+
+    def in_ns(self, ns: str, *cmd: str) -> list[str]:
+        """``cmd`` run inside namespace ``ns``."""
+        return ["ip", "netns", "exec", ns, *cmd]
+
+    def close(self) -> None:
+        """Stops the switch, deletes the namespaces (and the veth ends in them) and the pairs."""
+        try:
+            if self.sw is not None:
+                self.sw.close()
+                self.sw = None
+        finally:
+            for ns in self._namespaces:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            self._namespaces.clear()
+            self.veths.close()
+
+    def __enter__(self) -> SwitchTestbed:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _pool_node(cmd: list[str]) -> Iterator[tuple[int, int]]:
+    """Runs ``python -m poolnode ...`` (``cmd``) until the block ends.
+
+    Yields:
+        ``(UDP port, pid)``. ``ip netns exec`` execs its command, so the pid is the pool node's.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:
+            seen.append(line.rstrip())
+            match = re.search(r"poolnode listening .*port=(\d+)", line)
+            if match:
+                break
+        else:
+            raise RuntimeError("poolnode exited before listening: " + " | ".join(seen[-5:]))
+        # Keep reading its output so a chatty pool node never blocks on a full pipe.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        yield int(match.group(1)), proc.pid
+    finally:
+        _stop(proc)
+
+
+def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:
+    cmd = tb.in_ns(
+        tb.host_ns, sys.executable, "-m", "hostagent.bench", "probe",
+        "--service", VIP, "--tenant", str(TENANT), "--key", f"{KEY:#x}",
+        "--nbytes", str(nbytes), "--seed", str(SEED), "--rounds", str(rounds),
+        "--udp-netns", tb.peer_ns, "--udp-src", PEER_IP, "--udp-dst", HOST_IP,
+        "--switch-pid", str(tb.sw.proc.pid if tb.sw else 0), *extra,
+    )  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    lines = out.stdout.strip().splitlines()
+    record: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": out.stderr[-500:]}
+    if "error" in record:
+        raise RuntimeError(f"probe failed: {record['error']}")
+    return record
+
+
+def measure_refswitch(nbytes: int, rounds: int, pool_path: bool) -> list[dict[str, Any]]:
+    """Fetch through the reference switch vs plain UDP on the same veth path.
+
+    Args:
+        nbytes: chunk length.
+        rounds: measured fetch / UDP pairs per path.
+        pool_path: also measure the pool-behind-the-switch path.
+
+    Returns:
+        One probe record per path, with ``path`` set.
+
+    Raises:
+        TargetUnavailableError: the testbed cannot be built here (not root, ...).
+        RuntimeError: a probe failed.
+    """
+    logdir = Path(tempfile.mkdtemp(prefix="kvcast-bench-hostagent-"))
+    records: list[dict[str, Any]] = []
+    with SwitchTestbed(logdir) as tb:
+        t0 = time.monotonic()
+        tb.load(nbytes)
+        load_s = time.monotonic() - t0
+        rec = _probe(tb, nbytes, rounds)
+        rec.update(path="refswitch", sram_load_s=load_s)
+        records.append(rec)
+        if pool_path:
+            pool = tb.in_ns(
+                tb.peer_ns, sys.executable, "-m", "poolnode", "--backend", "memory",
+                "--host", PEER_IP, "--port", str(c.KVP_UDP_PORT),
+                "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
+            )  # fmt: skip
+            with _pool_node(pool) as (_, pool_pid):
+                fpg = str(frags_per_data(1500))
+                rec = _probe(
+                    tb, nbytes, rounds, "--nocache", "--frags-per-get", fpg,
+                    "--udp-payload", str(int(fpg) * c.FRAG_BYTES), "--pool-pid", str(pool_pid),
+                )  # fmt: skip
+            rec.update(path="refswitch-pool")
+            records.append(rec)
+    return records
+
+
+@contextlib.contextmanager
+def _stderr_to_file() -> Iterator[Any]:
+    """Sends this process's file descriptor 2 to a temporary file for the block.
+
+    Mooncake's C++ client logs every setup step to standard error, around Python's back.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, float]:
+    """Mooncake ``get_into`` over TCP vs a KVP fetch from the same pool node, on loopback.
+
+    Args:
+        nbytes: chunk length.
+        rounds: measured ``get_into`` / fetch pairs.
+        warmup: pairs run first and not counted (the first reads set up connections).
+
+    Returns:
+        ``get_into_MBps``, ``kvp_MBps`` and medians.
+
+    Raises:
+        MooncakeUnavailableError: Mooncake is not installed.
+        RuntimeError: a read or a fetch failed or returned wrong bytes.
+    """
+    import torch
+
+    from hostagent.fetch import FetchClient
+    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
+
+    data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
+    with MooncakeMaster() as master:
+        pool = [
+            sys.executable, "-m", "poolnode", "--master", master.address, "--segment-mib", "64",
+            "--host", "127.0.0.1", "--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
+        ]  # fmt: skip
+        with _pool_node(pool) as (port, _):
+            with _stderr_to_file() as log:
+                try:
+                    reader = MooncakeBackend(master.address, global_segment_size=0,
+                                             local_buffer_size=16 << 20)  # fmt: skip
+                except Exception:
+                    log.seek(0)
+                    sys.stderr.write(log.read().decode(errors="replace")[-2000:])
+                    raise
+            dst = torch.zeros(nbytes, dtype=torch.uint8)
+            view = dst.numpy().data
+            mc_s: list[float] = []
+            kvp_s: list[float] = []
+            try:
+                with FetchClient(("127.0.0.1", port), timeout_s=0.05, max_timeout_s=0.5) as cl:
+                    for i in range(-warmup, rounds):  # warm-up: handshakes, caches
+                        dst.zero_()
+                        t0 = time.perf_counter()
+                        got = reader.get_into(TENANT, KEY, view)
+                        t1 = time.perf_counter()
+                        if got != nbytes or dst.numpy().tobytes() != data:
+                            raise RuntimeError(f"Mooncake get_into returned {got} or wrong bytes")
+                        dst.zero_()
+                        report = cl.fetch(TENANT, KEY, dst, nbytes)
+                        if not report.ok or dst.numpy().tobytes() != data:
+                            raise RuntimeError(f"KVP loopback fetch failed: {report}")
+                        if i >= 0:
+                            mc_s.append(t1 - t0)
+                            kvp_s.append(report.duration_s)
+            finally:
+                reader.close()
+    mc, kvp = statistics.median(mc_s), statistics.median(kvp_s)
+    return {"get_into_MBps": nbytes / mc / 1e6, "kvp_MBps": nbytes / kvp / 1e6,
+            "get_into_ms": mc * 1e3, "kvp_ms": kvp * 1e3}  # fmt: skip
+
+
+def _reason(exc: BaseException) -> str:
+    return re.sub(r"\s+", "-", str(exc).strip())[:120] or type(exc).__name__
+
+
+def run(quick: bool = False) -> list[str]:
+    """Runs the suite and prints its result lines.
+
+    Args:
+        quick: 5 rounds per path instead of 15, one loopback line (under a minute).
+
+    Returns:
+        The printed lines.
+    """
+    lines = list(hostbench.run(quick, repeat=20))
+    nbytes = CHUNK_BYTES
+    rounds = 5 if quick else 15
+
+    def emit(**fields: object) -> None:
+        line = bench_line(SUITE, **fields)
+        print(line, flush=True)
+        lines.append(line)
+
+    kvp_switch: float | None = None
+    try:
+        for rec in measure_refswitch(nbytes, rounds, pool_path=True):
+            if rec["path"] == "refswitch":
+                kvp_switch = float(rec["fetch_MBps"])
+            emit(
+                path=rec["path"], chunk_bytes=nbytes, payload=rec["udp_payload"],
+                fetch_MBps=float(rec["fetch_MBps"]), udp_MBps=float(rec["udp_MBps"]),
+                ratio=float(rec["ratio"]), rounds=rounds,
+                fetch_client_us=float(rec["fetch_client_us"]),
+                udp_client_us=float(rec["udp_client_us"]),
+                fetch_switch_us=float(rec["fetch_switch_us"]),
+                udp_switch_us=float(rec["udp_switch_us"]),
+                fetch_pool_us=float(rec["fetch_pool_us"]), frags_hit=rec["frags_hit"],
+                frags_pool=rec["frags_pool"], retries=rec["retries"],
+                udp_resent=rec["udp_resent"],
+            )  # fmt: skip
+    except TargetUnavailableError as exc:
+        emit(path="refswitch", skipped=_reason(exc))
+    try:
+        mc = measure_mooncake(nbytes, 20)
+    except ImportError as exc:
+        emit(path="mooncake", skipped=_reason(exc))
+    else:
+        emit(
+            path="mooncake", chunk_bytes=nbytes, get_into_MBps=mc["get_into_MBps"],
+            kvp_loopback_MBps=mc["kvp_MBps"], ratio_to_kvp=mc["get_into_MBps"] / mc["kvp_MBps"],
+            ratio_to_kvp_refswitch=(
+                mc["get_into_MBps"] / kvp_switch if kvp_switch else "n/a"
+            ),
+            rounds=20,
+        )  # fmt: skip
+    return lines
+
+
+__all__ = ["SwitchTestbed", "measure_mooncake", "measure_refswitch", "run"]

@@ -1,0 +1,82 @@
+"""benchmarks.hostagent_fetch: the suite's lines, skips, and its testbed leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from benchmarks import hostagent_fetch as suite
+from benchmarks import parse_line
+from emulation.targets import P4INFO_PATH, TargetUnavailableError
+from hostagent import bench as hostbench
+from poolnode.mooncake import MooncakeUnavailableError
+
+
+def _fields(lines: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for line in lines:
+        parsed = parse_line(line)
+        if parsed is not None and parsed[0] == suite.SUITE:
+            out[parsed[1]["path"]] = parsed[1]
+    return out
+
+
+def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_switch(*_args: object, **_kw: object) -> list[dict[str, object]]:
+        raise TargetUnavailableError("veth pairs need root (CAP_NET_ADMIN)")
+
+    def no_mooncake(*_args: object, **_kw: object) -> dict[str, float]:
+        raise MooncakeUnavailableError("mooncake_master not found")
+
+    monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
+    monkeypatch.setattr(suite, "measure_refswitch", no_switch)
+    monkeypatch.setattr(suite, "measure_mooncake", no_mooncake)
+    fields = _fields(suite.run(quick=True))
+    assert fields["refswitch"]["skipped"] == "veth-pairs-need-root-(CAP_NET_ADMIN)"
+    assert fields["mooncake"]["skipped"] == "mooncake_master-not-found"
+
+
+def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probe = {
+        "path": "refswitch", "udp_payload": 256, "fetch_MBps": 10.0, "udp_MBps": 12.5,
+        "ratio": 0.8, "fetch_client_us": 1.0, "udp_client_us": 1.0, "fetch_switch_us": 1.0,
+        "udp_switch_us": 1.0, "fetch_pool_us": 0.0, "frags_hit": 768, "frags_pool": 0,
+        "retries": 0, "udp_resent": 0,
+    }  # fmt: skip
+    monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
+    monkeypatch.setattr(suite, "measure_refswitch", lambda *a, **k: [probe])
+    monkeypatch.setattr(
+        suite, "measure_mooncake", lambda *a, **k: {"get_into_MBps": 300.0, "kvp_MBps": 60.0}
+    )
+    fields = _fields(suite.run(quick=True))
+    assert fields["refswitch"]["ratio"] == "0.8"
+    assert fields["mooncake"]["ratio_to_kvp"] == "5"
+    assert fields["mooncake"]["ratio_to_kvp_refswitch"] == "30"
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_quick_suite_measures_every_path_and_removes_its_testbed() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: veth pairs and network namespaces")
+    if not P4INFO_PATH.exists():
+        pytest.skip(f"{P4INFO_PATH} missing: run `make p4`")
+    fields = _fields(suite.run(quick=True))
+    for path in ("refswitch", "refswitch-pool"):
+        row = fields[path]
+        assert float(row["fetch_MBps"]) > 0 and float(row["udp_MBps"]) > 0
+        assert float(row["ratio"]) == pytest.approx(
+            float(row["fetch_MBps"]) / float(row["udp_MBps"]), rel=0.01
+        )
+    assert int(fields["refswitch"]["frags_hit"]) == 5 * suite.CHUNK_BYTES // 256
+    assert int(fields["refswitch-pool"]["frags_pool"]) == 5 * suite.CHUNK_BYTES // 256
+    assert "get_into_MBps" in fields["mooncake"] or "skipped" in fields["mooncake"]
+    tag = f"kvhf{os.getpid() % 100000}"
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert tag not in namespaces
+    assert f"khf{os.getpid() % 10000}" not in links
