@@ -102,13 +102,15 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                             count_event(EV_GET_HIT);
                         }
                     }
-                } else if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) != 0) {
-                    pool_owner.apply(hdr);
-                    count_event(EV_GET_BYPASS);
                 } else {
-                    hot_sketch.apply(hdr, meta);
+                    if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) != 0) {
+                        count_event(EV_GET_BYPASS);
+                    } else {
+                        hot_sketch.apply(hdr, meta);
+                        count_event(EV_GET_MISS);
+                    }
+                    // One call site: BMv2 (and Tofino) apply each table once per pass.
                     pool_owner.apply(hdr);
-                    count_event(EV_GET_MISS);
                 }
             } else if (hdr.kvp.op == KVP_OP_DATA) {
                 if (hdr.kvp.group == 0) {
