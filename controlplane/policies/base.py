@@ -249,6 +249,8 @@ class CachePolicy(abc.ABC):
         self._capacity = capacity_bytes
         self._used = 0
         self._resident: dict[int, _Resident] = {}
+        # The latest time seen (accesses, ticks): what invalidate() evaluates a residual at.
+        self._latest = 0.0
         self._demote_threshold = float(demote_threshold)
 
     # ------------------------------------------------------------------ state queries
@@ -293,6 +295,7 @@ class CachePolicy(abc.ABC):
             InvalidAccessError: if the access is malformed.
         """
         _check_access(access)
+        self._latest = max(self._latest, access.time)
         self._update(access)
         if access.size > self._capacity and access.key not in self._resident:
             return Decision(refused=(access.key,))
@@ -310,6 +313,7 @@ class CachePolicy(abc.ABC):
             InvalidAccessError: if the access is malformed.
         """
         _check_access(access)
+        self._latest = max(self._latest, access.time)
         self._update(access)
 
     def record_many(self, accesses: Iterable[Access]) -> int:
@@ -324,6 +328,7 @@ class CachePolicy(abc.ABC):
         n = 0
         for access in accesses:
             _check_access(access)
+            self._latest = max(self._latest, access.time)
             self._update(access)
             n += 1
         return n
@@ -376,11 +381,14 @@ class CachePolicy(abc.ABC):
         """
         return self.select(now)
 
-    def invalidate(self, key: int) -> Decision:
+    def invalidate(self, key: int, now: float | None = None) -> Decision:
         """Forget a chunk that no longer exists (deleted from the pool, tenant flushed).
 
         Args:
             key: chunk key; unknown keys are ignored.
+            now: current time, on the clock of ``Access.time``; default: the latest time the
+                policy has seen (an eviction's residual value is evaluated then, never at 0,
+                which decayed scores overflow at).
 
         Returns:
             DROP evictions for the chunk if it was resident (and, for prefix-aware policies,
@@ -389,7 +397,8 @@ class CachePolicy(abc.ABC):
         evictions: list[Eviction] = []
         for k in self._invalidation_set(key):
             if k in self._resident:
-                evictions.append(self._evict(k, 0.0, action=EvictAction.DROP))
+                at = self._latest if now is None else now
+                evictions.append(self._evict(k, at, action=EvictAction.DROP))
         self._forget(key)
         return Decision(evict=tuple(evictions)) if evictions else NO_CHANGE
 
@@ -421,6 +430,7 @@ class CachePolicy(abc.ABC):
         Returns:
             Evictions (residents not selected) and admissions (selected non-residents).
         """
+        self._latest = max(self._latest, now)
         ranked = self.rank(now)
         chosen: dict[int, Ranked] = {}
         free = self._capacity

@@ -252,3 +252,19 @@ def test_kvcast_batch_select_never_picks_a_block_whose_parent_is_unknown() -> No
         policy.record(acc(3, float(i)))
     policy.select(5.0)
     assert policy.resident_keys() == {3}
+
+
+def test_invalidate_after_unix_times_evaluates_residual_at_the_latest_time() -> None:
+    # Regression: invalidate() evaluated residuals at t=0, and decayed scores overflowed once
+    # access times were Unix times.
+    from controlplane.policies import Access, make_policy
+
+    t0 = 1.8e9
+    for name in ("kvcast", "lru", "lfu", "sketch"):
+        policy = make_policy(name, capacity_bytes=1 << 20)
+        for i in range(50):
+            policy.observe(Access(key=1, tenant=0, size=1024, host=i % 4, time=t0 + i))
+        policy.on_tick(t0 + 60)
+        decision = policy.invalidate(1)
+        assert 1 not in policy.resident_keys(), name
+        assert all(e.key == 1 for e in decision.evict), name
