@@ -25,6 +25,13 @@ In every mode a stalled path falls back to the pool node directly (``--pool``) a
 fragment's CRC is checked before it is written. With ``--verify-seed`` the whole chunk is
 compared with the synthetic pattern the pool preloaded (``hostagent.synthetic``).
 
+With ``--report-url http://IP:PORT`` the agent also tells the controller about the access
+(``POST /v1/reports``, one record: ``hostagent.reports``): the record is queued when the fetch
+ends and posted by a background thread; before exiting, the agent waits at most
+``--report-timeout`` for it to go out. A controller that is down or slow never changes the
+fetch's outcome or exit status; the JSON line's ``reports`` field says what happened to the
+record (``sent``, ``dropped``, ``rejected``, ``last_error``).
+
 Exit status: 0 when the chunk is complete (and verified, if asked), 1 when the fetch failed or
 the bytes differ, 2 when the agent could not start (bad arguments, port in use).
 
@@ -54,6 +61,7 @@ import torch
 
 from hostagent.fetch import FetchClient, FetchError, FetchReport
 from hostagent.ports import AGENT_PORT
+from hostagent.reports import HttpReporter, ReportSink
 from hostagent.synthetic import parse_key, synthetic_chunk
 from kvcast import p4constants as c
 from poolnode.server import DEFAULT_MTU
@@ -87,6 +95,16 @@ def _key(text: str) -> int:
         return parse_key(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _position(text: str) -> int:
+    try:
+        position = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"position {text!r} is not a number") from None
+    if position < 0:
+        raise argparse.ArgumentTypeError(f"position {text!r} is negative")
+    return position
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,10 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--first-wait", type=float, help="follower: wait for the first fragment, s")
     f.add_argument("--verify-seed", type=int, help="compare with the synthetic chunk of SEED")
     f.add_argument("--name", default=socket.gethostname(), help="host label in the output")
+    f.add_argument(
+        "--report-url",
+        help="controller API (http://IP:PORT): report the access with POST /v1/reports",
+    )
+    f.add_argument("--report-host", help="this host's name in the report (default: --name)")
+    f.add_argument(
+        "--report-timeout",
+        type=float,
+        default=1.0,
+        help="how long to wait at exit for the report to be posted, s",
+    )
+    f.add_argument("--parent", type=_key, help="report: key of the previous block of the chain")
+    f.add_argument(
+        "--position", type=_position, help="report: the block's index in its chain (0 = first)"
+    )
     return parser
 
 
-def _client(args: argparse.Namespace) -> FetchClient:
+def _client(args: argparse.Namespace, reporter: ReportSink | None = None) -> FetchClient:
     mode = args.mode
     if mode in ("leader", "follower") and args.group == 0:
         raise AgentError(f"--mode {mode} needs --group G (G != 0)")
@@ -162,6 +195,8 @@ def _client(args: argparse.Namespace) -> FetchClient:
         group=args.group if mode in ("leader", "follower") else 0,
         nocache=nocache,
         bind=(args.bind, args.bind_port),
+        reporter=reporter,
+        report_host=args.report_host or args.name,
     )
 
 
@@ -187,14 +222,28 @@ def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         The JSON record: ``host, mode, ok, outcome, reason, verified, t_start, t_done,
         completion_s`` (``t_done - start_at``, or ``- t_start`` without ``--start-at``),
-        ``nbytes, frags_switch, frags_pool, frags_stream, repairs, retries, crc_failures`` and
-        the rest of the fetch report.
+        ``nbytes, frags_switch, frags_pool, frags_stream, repairs, retries, crc_failures``, the
+        rest of the fetch report, and ``reports`` (the reporter's counters, or None without
+        ``--report-url``).
 
     Raises:
         AgentError: the mode lacks what it needs (group, service address).
         FetchError: the chunk length is unusable.
+        ReportError: ``--report-url`` is not ``http://HOST:PORT``.
         OSError: the socket cannot be bound.
     """
+    reporter = HttpReporter(args.report_url) if args.report_url else None
+    try:
+        out = _fetch(args, reporter)
+    finally:
+        if reporter is not None:
+            reporter.close(args.report_timeout)
+    out["reports"] = reporter.stats().as_dict() if reporter is not None else None
+    return out
+
+
+def _fetch(args: argparse.Namespace, reporter: ReportSink | None) -> dict[str, Any]:
+    """The fetch of ``run_fetch``, handing its access record to ``reporter``."""
     out = _record(args)
     dst = torch.empty(args.nbytes, dtype=torch.uint8)
     expected = (
@@ -202,7 +251,7 @@ def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
         if args.verify_seed is not None
         else None
     )
-    with _client(args) as client:
+    with _client(args, reporter) as client:
         out["bound"] = f"{client.address[0]}:{client.address[1]}"
         print(f"agent ready {out['host']} bound={out['bound']}", file=sys.stderr, flush=True)
         if args.start_at == "stdin":
@@ -220,9 +269,13 @@ def run_fetch(args: argparse.Namespace) -> dict[str, Any]:
                 args.nbytes,
                 stall_s=args.stall,
                 first_wait_s=args.first_wait,
+                parent=args.parent,
+                position=args.position,
             )
         else:
-            report = client.fetch(args.tenant, args.key, dst, args.nbytes)
+            report = client.fetch(
+                args.tenant, args.key, dst, args.nbytes, parent=args.parent, position=args.position
+            )
         t_done = time.time()
     verified: bool | None = None
     if expected is not None:

@@ -21,6 +21,11 @@ run ``follow``: they send nothing at first and take the replicas of G for the ch
 follower repairs what it still misses with its own unicast GETs, switch first and the pool
 directly after, so it too ends complete or with a clear ``RECOMPUTE``.
 
+Reports: a client given a ``reporter`` (``hostagent.reports.ReportSink``) hands it one access
+record per fetch or follow (``entry_from_fetch``: the chunk, this host, the wall-clock time,
+``hit`` when most fragments came from switch SRAM) after the fetch has ended; the sink only
+queues it, so reporting never delays or fails a fetch.
+
 Classes:
     FetchOutcome: COMPLETE or RECOMPUTE.
     RecomputeReason: why a fetch gave up.
@@ -33,6 +38,7 @@ Classes:
 from __future__ import annotations
 
 import enum
+import logging
 import random
 import select
 import socket
@@ -45,11 +51,14 @@ import numpy as np
 import torch
 
 from hostagent.layout import MAX_FRAGMENTS, KVLayout
+from hostagent.reports import ReportSink, entry_from_fetch
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT, fragment_crc
 from poolnode.server import DEFAULT_MTU, frags_per_data
 
 Address = tuple[str, int]
+
+_LOG = logging.getLogger(__name__)
 
 _HDR = c.KVP_HDR_BYTES
 _FB = c.FRAG_BYTES
@@ -227,6 +236,8 @@ class FetchClient:
             key's pool node without looking at its cache (a pool-served, multi-fragment stream).
         bind: local address of the UDP socket.
         socket_buffer_bytes: SO_RCVBUF to ask for.
+        reporter: where to hand one access record per fetch (None: no reports).
+        report_host: this host's name (or id) in the records; default: the hostname.
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -248,6 +259,8 @@ class FetchClient:
         nocache: bool = False,
         bind: Address = ("0.0.0.0", 0),
         socket_buffer_bytes: int = 4 << 20,
+        reporter: ReportSink | None = None,
+        report_host: str | int | None = None,
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -268,6 +281,8 @@ class FetchClient:
         self.max_retries = min(max_retries, 254)
         self.deadline_s = deadline_s
         self.group = group
+        self.reporter = reporter
+        self.report_host = socket.gethostname() if report_host is None else report_host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, socket_buffer_bytes)
         self._sock.bind(bind)
@@ -295,7 +310,14 @@ class FetchClient:
         self.close()
 
     def fetch_block(
-        self, tenant: int, key: int, layout: KVLayout, dst: torch.Tensor
+        self,
+        tenant: int,
+        key: int,
+        layout: KVLayout,
+        dst: torch.Tensor,
+        *,
+        parent: int | None = None,
+        position: int | None = None,
     ) -> FetchReport:
         """Fetches one chunk of ``layout`` into ``dst``.
 
@@ -305,6 +327,8 @@ class FetchClient:
             layout: the chunk's KV layout.
             dst: ``layout.alloc_chunk()`` or any contiguous 1-D uint8 CPU tensor of
                 ``layout.chunk_bytes``.
+            parent: key of the previous block of the prefix chain (for the access report).
+            position: the block's index in its chain (for the access report).
 
         Returns:
             The report; ``layout.view(dst)`` is the KV when ``report.ok``.
@@ -313,10 +337,17 @@ class FetchClient:
             LayoutError: ``dst`` does not match the layout.
         """
         layout.check_chunk(dst)
-        return self.fetch(tenant, key, dst, layout.chunk_bytes)
+        return self.fetch(tenant, key, dst, layout.chunk_bytes, parent=parent, position=position)
 
     def fetch(
-        self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None = None
+        self,
+        tenant: int,
+        key: int,
+        dst: torch.Tensor,
+        nbytes: int | None = None,
+        *,
+        parent: int | None = None,
+        position: int | None = None,
     ) -> FetchReport:
         """Fetches one chunk of ``nbytes`` into ``dst[:nbytes]``.
 
@@ -325,6 +356,8 @@ class FetchClient:
             key: chunk key.
             dst: a contiguous 1-D uint8 CPU tensor (pinned where CUDA exists).
             nbytes: chunk length; default: ``dst.numel()``.
+            parent: key of the previous block of the prefix chain (for the access report).
+            position: the block's index in its chain (for the access report).
 
         Returns:
             The report. Only ``report.ok`` means ``dst[:nbytes]`` holds the chunk.
@@ -335,7 +368,7 @@ class FetchClient:
         """
         st = self._start(tenant, key, dst, nbytes)
         st.get_group = self.group
-        return self._finish(st)
+        return self._finish(st, parent, position)
 
     def follow(
         self,
@@ -346,6 +379,8 @@ class FetchClient:
         *,
         stall_s: float = 0.5,
         first_wait_s: float | None = None,
+        parent: int | None = None,
+        position: int | None = None,
     ) -> FetchReport:
         """Receives one chunk from the group's multicast stream, repairing gaps by unicast.
 
@@ -366,6 +401,8 @@ class FetchClient:
             stall_s: silence (no new fragment) after which the follower repairs on its own.
             first_wait_s: how long to wait for the stream's first fragment; default
                 ``stall_s``.
+            parent: key of the previous block of the prefix chain (for the access report).
+            position: the block's index in its chain (for the access report).
 
         Returns:
             The report (``stalled`` and ``repairs`` say whether and how much it repaired). Only
@@ -384,7 +421,7 @@ class FetchClient:
         st.follower = st.listening = True
         st.stall_s = stall_s
         st.last_progress += first - stall_s
-        return self._finish(st)
+        return self._finish(st, parent, position)
 
     def _start(self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None) -> _State:
         """Checks the arguments of a fetch and makes its state."""
@@ -410,8 +447,8 @@ class FetchClient:
         st.last_progress = time.monotonic()
         return st
 
-    def _finish(self, st: _State) -> FetchReport:
-        """Runs a fetch to its outcome."""
+    def _finish(self, st: _State, parent: int | None, position: int | None) -> FetchReport:
+        """Runs a fetch to its outcome, then hands its access record to the reporter."""
         report = st.report
         start = time.monotonic()
         try:
@@ -421,6 +458,12 @@ class FetchClient:
             report.outcome = FetchOutcome.RECOMPUTE
             report.reason = give_up.reason
         report.duration_s = time.monotonic() - start
+        if self.reporter is not None:
+            try:
+                entry = entry_from_fetch(report, self.report_host, parent=parent, position=position)
+                self.reporter.submit([entry])
+            except Exception:  # a report must never fail a fetch, whatever the sink does
+                _LOG.exception("access report of chunk %#x not handed over", report.key)
         return report
 
     # -- the loop -------------------------------------------------------------------------------
