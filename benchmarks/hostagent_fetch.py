@@ -14,11 +14,20 @@ Three measurements, each a ratio of two things measured side by side in one run:
     peer namespace to the host through the switch's L3 path with the same window. Both cost
     the switch one pipeline pass per fragment and the probe one receive and one copy per
     fragment, so ``ratio = fetch_MBps / udp_MBps`` is what KVP (GET, SRAM read, CRC check,
-    fragment bookkeeping) costs over bare UDP on the same path.
+    fragment bookkeeping) costs over bare UDP on the same path. ``ratio_paired`` is the median
+    of the per-round ratios. The line also gives the CPU microseconds per fragment of the
+    probe (``*_client_us``) and of the switch (``*_switch_us``) in each loop, and
+    ``cpu_ratio``, plain UDP's CPU per fragment over the fetch's: on a machine whose cores are
+    busy with other work both loops wait for a core alike and ``ratio`` drifts towards 1,
+    while ``cpu_ratio`` stays what the two paths cost.
 ``path=refswitch-pool``
     The same, with a pool node (``python -m poolnode --backend memory``) in the peer namespace
     behind the switch: ``NOCACHE`` GETs of 5 fragments go through the switch to the pool, which
-    answers 1280-byte DATA; the plain-UDP baseline then uses 1280-byte datagrams.
+    answers 1280-byte DATA; the plain-UDP baseline then uses 1280-byte datagrams. This path
+    crosses the switch twice per DATA (the GET to the pool, the DATA back) and runs a third
+    process (the pool node, ``fetch_pool_us``), against one crossing for a plain datagram: its
+    ratio is what a pool-served fetch achieves relative to one-way UDP, not a like-for-like
+    protocol overhead.
 ``path=mooncake``
     ``mooncake_master`` and a pool node holding the chunk in its Mooncake segment
     (``python -m poolnode --master ...``) on loopback. This process opens its own Mooncake
@@ -369,6 +378,18 @@ def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, flo
             "get_into_ms": mc * 1e3, "kvp_ms": kvp * 1e3}  # fmt: skip
 
 
+def _cpu_ratio(rec: dict[str, Any]) -> float:
+    """Plain UDP's CPU per fragment over the fetch's, every process on the path counted.
+
+    On a machine with cores to spare both loops are CPU-bound and this is what ``ratio``
+    tends to; when other work keeps the cores busy, waiting for a core costs both loops
+    alike and ``ratio`` drifts towards 1, while this stays what the code costs.
+    """
+    fetch = rec["fetch_client_us"] + rec["fetch_switch_us"] + rec["fetch_pool_us"]
+    udp = rec["udp_client_us"] + rec["udp_switch_us"]
+    return float(udp / fetch) if fetch > 0 else 0.0
+
+
 def _reason(exc: BaseException) -> str:
     return re.sub(r"\s+", "-", str(exc).strip())[:120] or type(exc).__name__
 
@@ -399,7 +420,8 @@ def run(quick: bool = False) -> list[str]:
             emit(
                 path=rec["path"], chunk_bytes=nbytes, payload=rec["udp_payload"],
                 fetch_MBps=float(rec["fetch_MBps"]), udp_MBps=float(rec["udp_MBps"]),
-                ratio=float(rec["ratio"]), rounds=rounds,
+                ratio=float(rec["ratio"]), ratio_paired=float(rec["ratio_paired"]),
+                cpu_ratio=_cpu_ratio(rec), rounds=rounds,
                 fetch_client_us=float(rec["fetch_client_us"]),
                 udp_client_us=float(rec["udp_client_us"]),
                 fetch_switch_us=float(rec["fetch_switch_us"]),

@@ -275,12 +275,13 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
 
     Returns:
         The JSON record: ``fetch_s`` and ``udp_s`` (per-round durations), their medians,
-        ``fetch_MBps``, ``udp_MBps``, ``ratio``; CPU microseconds per 256-byte fragment of
-        this process (``fetch_client_us``, ``udp_client_us``) and of the ``--switch-pid``
-        process (``fetch_switch_us``, ``udp_switch_us``; 0 without one) and of the
-        ``--pool-pid`` process while fetching (``fetch_pool_us``): on a shared machine the
-        packet rate follows the CPU per packet; and the
-        fetch counters summed over rounds.
+        ``fetch_MBps``, ``udp_MBps``, ``ratio`` (of the medians), ``ratio_paired`` (the median
+        of each round's ratio: robust to load that changes between rounds); CPU microseconds
+        per 256-byte fragment of this process (``fetch_client_us``, ``udp_client_us``), of
+        the ``--switch-pid`` process (``fetch_switch_us``, ``udp_switch_us``; 0 without one)
+        and of the ``--pool-pid`` process while fetching (``fetch_pool_us``): on a shared
+        machine the packet rate follows the CPU per packet; and the fetch counters summed
+        over rounds.
 
     Raises:
         ProbeError: a fetch failed or either path delivered wrong bytes.
@@ -357,6 +358,7 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
         "fetch_MBps": args.nbytes / fetch_med / 1e6,
         "udp_MBps": args.nbytes / udp_med / 1e6,
         "ratio": udp_med / fetch_med,
+        "ratio_paired": statistics.median(u / f for u, f in zip(udp_s, fetch_s, strict=True)),
         "fetch_client_us": fetch_cpu / frags * 1e6,
         "udp_client_us": udp_cpu / frags * 1e6,
         "fetch_switch_us": switch_fetch_cpu / frags * 1e6,

@@ -43,9 +43,9 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
 ) -> None:
     probe = {
         "path": "refswitch", "udp_payload": 256, "fetch_MBps": 10.0, "udp_MBps": 12.5,
-        "ratio": 0.8, "fetch_client_us": 1.0, "udp_client_us": 1.0, "fetch_switch_us": 1.0,
-        "udp_switch_us": 1.0, "fetch_pool_us": 0.0, "frags_hit": 768, "frags_pool": 0,
-        "retries": 0, "udp_resent": 0,
+        "ratio": 0.8, "ratio_paired": 0.8, "fetch_client_us": 1.0, "udp_client_us": 1.0,
+        "fetch_switch_us": 1.0, "udp_switch_us": 1.0, "fetch_pool_us": 0.0, "frags_hit": 768,
+        "frags_pool": 0, "retries": 0, "udp_resent": 0,
     }  # fmt: skip
     monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
     monkeypatch.setattr(suite, "measure_refswitch", lambda *a, **k: [probe])
@@ -54,6 +54,7 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
     )
     fields = _fields(suite.run(quick=True))
     assert fields["refswitch"]["ratio"] == "0.8"
+    assert fields["refswitch"]["cpu_ratio"] == "1"
     assert fields["mooncake"]["ratio_to_kvp"] == "5"
     assert fields["mooncake"]["ratio_to_kvp_refswitch"] == "30"
 
