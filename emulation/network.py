@@ -85,7 +85,8 @@ class Cluster:
         self.net: Any = None
         self._old_handlers: dict[int, Any] = {}
         if quiet:
-            setLogLevel("error")
+            # "critical": tc prints harmless htb quantum warnings at error level for every link.
+            setLogLevel("critical")
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Cluster:
