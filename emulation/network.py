@@ -11,6 +11,10 @@ Classes:
 
 Functions:
     cleanup_leftovers: removes what an earlier run that was killed hard (SIGKILL) left behind.
+
+One emulated cluster per machine at a time: Mininet names interfaces by node (``h1-eth0``), and
+starting a cluster removes leftovers by those names, as ``mn -c`` does, so a second cluster
+started beside a running one tears the first one down.
 """
 
 from __future__ import annotations
