@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--hosts", default="1,2,4,8,16", help="comma-separated N values")
     ap.add_argument("--modes", default="abcd")
-    ap.add_argument("--prefix-kib", default="128", help="comma-separated prefix sizes in KiB")
+    ap.add_argument("--prefix-kib", default="256", help="comma-separated prefix sizes in KiB")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--pool-mbit", type=float, default=2.0, help="pool link rate (see docs)")
     ap.add_argument("--host-mbit", type=float, default=20.0, help="GPU host link rate")
