@@ -122,11 +122,16 @@ class PointResult:
 
 
 def _pool_tx_bytes(cluster: Cluster) -> int:
+    """Bytes the pool nodes have sent: what the switch's ports facing them have received.
+
+    Read in the root namespace (the switch's end of each veth pair), so no node shell is
+    involved; a veth pair delivers every frame one end sends to the other.
+    """
     total = 0
     for pool in cluster.pools():
         node = cluster.host(pool.name)
-        intf = node.defaultIntf().name
-        total += int(node.cmd(f"cat /sys/class/net/{intf}/statistics/tx_bytes").strip() or 0)
+        switch_intf = node.defaultIntf().link.intf2.name
+        total += int(Path(f"/sys/class/net/{switch_intf}/statistics/rx_bytes").read_text())
     return total
 
 

@@ -177,6 +177,8 @@ class Dataplane:
             if addr[2] == PACKET_OUTGOING:
                 continue
             self.rx_packets += 1
+            if not self.pipeline.state.ready:
+                continue  # no program yet: dropped, as BMv2 does before its pipeline is set
             try:
                 self._emit(self.pipeline.process(port, frame))
             except Exception:  # a pipeline bug must not stop the switch
