@@ -246,7 +246,7 @@ class P4RuntimeClient:
         self,
         table: str,
         match: Mapping[str, int | Lpm],
-        action: str,
+        action: str | None,
         params: Mapping[str, int] | None = None,
         priority: int = 0,
         default: bool = False,
@@ -256,7 +256,7 @@ class P4RuntimeClient:
         Args:
             table: table name.
             match: match field name to value (an :class:`Lpm` for lpm fields).
-            action: action name.
+            action: action name; None for an entry that only names its match (delete, read).
             params: action parameter name to value.
             priority: for ternary tables.
             default: build the default entry (match must be empty).
@@ -282,7 +282,8 @@ class P4RuntimeClient:
                 fm.lpm.prefix_len = val.prefix_len
             else:
                 fm.exact.value = _enc(val, mf.bitwidth)
-        entry.action.action.CopyFrom(self._action(action, params or {}))
+        if action is not None:
+            entry.action.action.CopyFrom(self._action(action, params or {}))
         return entry
 
     def _action(self, action: str, params: Mapping[str, int]) -> p4r.Action:
@@ -321,17 +322,7 @@ class P4RuntimeClient:
 
     def delete(self, table: str, match: Mapping[str, int | Lpm], priority: int = 0) -> None:
         """Deletes one table entry (the action is irrelevant to a delete)."""
-        tinfo = self._entity("tables", table)
-        any_action = self._action_ids_of(tinfo)[0]
-        entry = self.table_entry(table, match, any_action, self._zero_params(any_action), priority)
-        entry.ClearField("action")
-        self._update(p4r.Update.DELETE, entry)
-
-    def _action_ids_of(self, tinfo: Any) -> list[str]:
-        return [self._ids[ref.id] for ref in tinfo.action_refs]
-
-    def _zero_params(self, action: str) -> dict[str, int]:
-        return {p.name: 0 for p in self._entity("actions", action).params}
+        self._update(p4r.Update.DELETE, self.table_entry(table, match, None, priority=priority))
 
     def set_default(self, table: str, action: str, params: Mapping[str, int] | None = None) -> None:
         """Modifies a table's default action."""
@@ -497,12 +488,8 @@ class P4RuntimeClient:
 
     def direct_counter(self, table: str, match: Mapping[str, int | Lpm]) -> int:
         """Reads the direct counter (packets) of one entry."""
-        tinfo = self._entity("tables", table)
-        action = self._action_ids_of(tinfo)[0]
-        entry = self.table_entry(table, match, action, self._zero_params(action))
-        entry.ClearField("action")
         ent = p4r.Entity()
-        ent.direct_counter_entry.table_entry.CopyFrom(entry)
+        ent.direct_counter_entry.table_entry.CopyFrom(self.table_entry(table, match, None))
         for e in self._read(ent):
             return int(e.direct_counter_entry.data.packet_count)
         raise P4RuntimeClientError(f"no direct counter for {match} in {table}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from finsy.proto import p4r
+
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
@@ -209,8 +211,6 @@ def program_switch(client: P4RuntimeClient) -> None:
     )
     updates = []
     for bucket in range(c.POOL_BUCKETS):
-        from finsy.proto import p4r
-
         upd = p4r.Update(type=p4r.Update.INSERT)
         upd.entity.table_entry.CopyFrom(
             client.table_entry(
