@@ -197,7 +197,8 @@ def udp_transfer(
     present = bytearray(n)
     missing = n
     rbuf = bytearray(65536)
-    rnp = np.frombuffer(rbuf, dtype=np.uint8)
+    rview = memoryview(rbuf)
+    out = memoryview(dst.data).cast("B")
     hdr = _SEQ.size
     nxt = outstanding = resent = duplicates = 0
     start = time.monotonic()
@@ -237,7 +238,7 @@ def udp_transfer(
                 duplicates += 1
                 continue
             off = seq * payload
-            dst[off : off + got - hdr] = rnp[hdr:got]
+            out[off : off + got - hdr] = rview[hdr:got]
             present[seq] = 1
             missing -= 1
     return UdpTransfer(time.monotonic() - start, resent, duplicates)

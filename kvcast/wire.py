@@ -9,6 +9,8 @@ Classes:
 
 Functions:
     fragment_crc: the CRC stored and sent with every fragment.
+    chunk_crc_seed: the part of every fragment's CRC seed shared by one chunk.
+    fragment_crc_seeded: ``fragment_crc`` from that shared seed.
     get_message, data_message, nack_message, write_message: UDP payloads for each operation.
     udp_frame: a whole Ethernet/IPv4/UDP frame around a payload (for raw sockets, PacketOut).
     ipv4_checksum: the IPv4 header checksum.
@@ -29,6 +31,8 @@ if KVP_STRUCT.size != c.KVP_HDR_BYTES:  # pragma: no cover - guards an edit of t
     raise ImportError("KVP_STRUCT does not match KVP_HDR_BYTES in defines.p4")
 
 _CRC_SEED = struct.Struct("!HQH")
+_CRC_CHUNK = struct.Struct("!HQ")
+_CRC_INDEX = struct.Struct("!H")
 _ETH = struct.Struct("!6s6sH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
@@ -159,6 +163,37 @@ def fragment_crc(tenant: int, key: int, frag_idx: int, payload: bytes | memoryvi
         The 32-bit CRC.
     """
     return zlib.crc32(payload, zlib.crc32(_CRC_SEED.pack(tenant, key, frag_idx)))
+
+
+def chunk_crc_seed(tenant: int, key: int) -> int:
+    """The CRC state after the (tenant, key) part of every fragment's seed.
+
+    A CRC is a running state, so ``fragment_crc(t, k, i, p)`` equals
+    ``fragment_crc_seeded(chunk_crc_seed(t, k), i, p)``: a receiver of many fragments of one
+    chunk computes this once and skips re-hashing the tenant and key per fragment.
+
+    Args:
+        tenant: tenant id.
+        key: 64-bit chunk key.
+
+    Returns:
+        The 32-bit running CRC.
+    """
+    return zlib.crc32(_CRC_CHUNK.pack(tenant, key))
+
+
+def fragment_crc_seeded(seed: int, frag_idx: int, payload: bytes | memoryview) -> int:
+    """``fragment_crc`` from a ``chunk_crc_seed`` (same value, less work per fragment).
+
+    Args:
+        seed: ``chunk_crc_seed(tenant, key)``.
+        frag_idx: index of the (first) fragment the payload starts with.
+        payload: the fragment's valid bytes.
+
+    Returns:
+        The 32-bit CRC.
+    """
+    return zlib.crc32(payload, zlib.crc32(_CRC_INDEX.pack(frag_idx), seed))
 
 
 def get_message(

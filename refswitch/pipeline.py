@@ -21,12 +21,18 @@ import zlib
 from dataclasses import dataclass
 
 from kvcast import p4constants as c
-from kvcast.wire import KVP_STRUCT, ipv4_checksum
+from kvcast.wire import KVP_STRUCT
 from refswitch.runtime import ActionCall, SwitchState
 
 log = logging.getLogger(__name__)
 
 _U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_PORTS = struct.Struct("!HH")
+_TENANT_GROUP_KEY = struct.Struct("!HHQ")
+_IPV4_WORDS = struct.Struct("!10H")
+# From the IPv4 header on: total_len (ip + 2), udp.length (ip + 24), kvp.payload_len (ip + 56).
+_LENGTHS = struct.Struct("!2xH20xH30xH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
 _SKETCH_SEED = struct.Struct("!HQB")
@@ -214,7 +220,7 @@ class Pipeline:
                             error = True
                             udp = -1
                         else:
-                            sport, dport = struct.unpack_from("!HH", pkt, udp)
+                            sport, dport = _PORTS.unpack_from(pkt, udp)
                             if dport == c.KVP_UDP_PORT or sport == c.KVP_UDP_PORT:
                                 kvp = udp + UDP_LEN
                                 if n - kvp < KVP_LEN:
@@ -227,9 +233,8 @@ class Pipeline:
                                         value = -1
         checksum_error = False
         if not error and ip >= 0 and pkt[ip] & 0xF == 5:
-            stored = _U16.unpack_from(pkt, ip + 10)[0]
-            hdr = bytes(pkt[ip : ip + 10]) + b"\0\0" + bytes(pkt[ip + 12 : ip + IPV4_LEN])
-            checksum_error = ipv4_checksum(hdr) != stored
+            computed, stored = _ipv4_checksum_at(pkt, ip)
+            checksum_error = computed != stored
         return self._ingress(
             ingress_port,
             pkt,
@@ -319,11 +324,9 @@ class Pipeline:
         self, pkt: bytearray, meta: _Meta, ip: int, udp: int, kvp: int, value: int
     ) -> None:
         """KvpValidate."""
-        udp_len = _U16.unpack_from(pkt, udp + 4)[0]
-        total_len = _U16.unpack_from(pkt, ip + 2)[0]
+        total_len, udp_len, payload_len = _LENGTHS.unpack_from(pkt, ip)
         kvp_bytes = (udp_len - UDP_LEN - KVP_LEN) & 0xFFFF
         version, op = pkt[kvp] >> 4, pkt[kvp] & 0xF
-        payload_len = _U16.unpack_from(pkt, kvp + 28)[0]
         if version != c.KVP_VERSION or not c.KVP_OP_GET <= op <= c.KVP_OP_NACK:
             malformed = True
         elif udp_len != (total_len - IPV4_LEN) & 0xFFFF or udp_len < UDP_LEN + KVP_LEN:
@@ -391,7 +394,7 @@ class Pipeline:
         """GET: cache lookup; a hit becomes a DATA reply, a miss goes to the pool owner."""
         state = self.state
         flags = pkt[kvp + 1]
-        tenant, group, key = struct.unpack_from("!HHQ", pkt, kvp + 4)
+        tenant, group, key = _TENANT_GROUP_KEY.unpack_from(pkt, kvp + 4)
         hit = False
         if flags & c.KVP_FLAG_NOCACHE == 0:
             call, entry = state.lookup(T_CACHE, (tenant, key))
@@ -412,7 +415,7 @@ class Pipeline:
             # epoch check below then drops the packet, as in the P4 program.
             base = slot * c.FRAG_BYTES
             pkt[value : value + c.FRAG_BYTES] = regs.frag_words[base : base + c.FRAG_BYTES]
-            struct.pack_into("!I", pkt, kvp + 36, regs.frag_crc[slot])
+            _U32.pack_into(pkt, kvp + 36, regs.frag_crc[slot])
             _U16.pack_into(pkt, kvp + 28, regs.frag_len[slot])
             if regs.frag_epoch[slot] != epoch:
                 self._drop(meta, c.DROP_BAD_EPOCH)
@@ -444,16 +447,13 @@ class Pipeline:
         pkt[kvp] = (pkt[kvp] & 0xF0) | c.KVP_OP_DATA
         pkt[kvp + 1] |= c.KVP_FLAG_HIT
         _U16.pack_into(pkt, kvp + 26, frag_count)
-        struct.pack_into("!I", pkt, kvp + 20, epoch)
-        struct.pack_into("!I", pkt, kvp + 32, 0)
-        pkt[ip + 12 : ip + 16], pkt[ip + 16 : ip + 20] = (
-            pkt[ip + 16 : ip + 20],
-            pkt[ip + 12 : ip + 16],
-        )
+        _U32.pack_into(pkt, kvp + 20, epoch)
+        _U32.pack_into(pkt, kvp + 32, 0)
+        pkt[ip + 12 : ip + 20] = pkt[ip + 16 : ip + 20] + pkt[ip + 12 : ip + 16]
         pkt[ip + 8] = 64
-        pkt[udp : udp + 2], pkt[udp + 2 : udp + 4] = pkt[udp + 2 : udp + 4], pkt[udp : udp + 2]
+        pkt[udp : udp + 4] = pkt[udp + 2 : udp + 4] + pkt[udp : udp + 2]
         _U16.pack_into(pkt, udp + 6, 0)
-        pkt[eth : eth + 6], pkt[eth + 6 : eth + 12] = pkt[eth + 6 : eth + 12], pkt[eth : eth + 6]
+        pkt[eth : eth + 12] = pkt[eth + 6 : eth + 12] + pkt[eth : eth + 6]
         if group != 0:
             meta.mcast_grp = group
         else:
@@ -464,7 +464,7 @@ class Pipeline:
         """PoolOwner."""
         call, _ = self.state.lookup(T_POOL_OWNER, (key & (c.POOL_BUCKETS - 1),))
         if call.action == A_SET_POOL:
-            struct.pack_into("!I", pkt, ip + 16, call.params["pool_ip"])
+            _U32.pack_into(pkt, ip + 16, call.params["pool_ip"])
             _U16.pack_into(pkt, udp + 6, 0)
 
     def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
@@ -495,7 +495,7 @@ class Pipeline:
             if pkt[ip + 8] <= 1:
                 self._drop(meta, c.DROP_TTL_EXPIRED)
                 return
-            dst = struct.unpack_from("!I", pkt, ip + 16)[0]
+            dst = _U32.unpack_from(pkt, ip + 16)[0]
             call, _ = state.lookup(T_IPV4_LPM, (dst,))
             if call.action != A_ROUTE:
                 self._drop(meta, c.DROP_NO_ROUTE)
@@ -543,7 +543,7 @@ class Pipeline:
         ip = eth + ETH_LEN
         udp = ip + IPV4_LEN
         pkt[eth : eth + 6] = p["dmac"].to_bytes(6, "big")
-        struct.pack_into("!I", pkt, ip + 16, p["dip"])
+        _U32.pack_into(pkt, ip + 16, p["dip"])
         _U16.pack_into(pkt, udp + 2, p["dport"])
         _U16.pack_into(pkt, udp + 6, 0)
         pkt[kvp + 1] |= c.KVP_FLAG_REPLICA
@@ -557,5 +557,18 @@ class Pipeline:
         ip = ETH_LEN
         if pkt[ip] & 0xF != 5:
             return
-        hdr = bytes(pkt[ip : ip + 10]) + b"\0\0" + bytes(pkt[ip + 12 : ip + IPV4_LEN])
-        _U16.pack_into(pkt, ip + 10, ipv4_checksum(hdr))
+        _U16.pack_into(pkt, ip + 10, _ipv4_checksum_at(pkt, ip)[0])
+
+
+def _ipv4_checksum_at(pkt: bytearray, ip: int) -> tuple[int, int]:
+    """(checksum computed over the option-less IPv4 header at ``ip``, checksum stored there).
+
+    The computed value is what ``kvcast.wire.ipv4_checksum`` gives for the header with its
+    checksum field zeroed: the ones'-complement sum of the nine other 16-bit words.
+    """
+    words = _IPV4_WORDS.unpack_from(pkt, ip)
+    stored = words[5]
+    total = sum(words) - stored
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF, stored

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -315,3 +316,50 @@ def test_unavailable_pool_is_retried(backend: InMemoryBackend) -> None:
     assert report.ok
     assert (report.nacks, report.retries) == (1, 1)
     assert as_bytes(out) == CHUNK
+
+
+class _AnsweredFromElsewhere:
+    """The service forwards every GET to a pool that answers from its own address, as the
+    switch does with a miss: the replies to a path's GETs do not come from the path's address."""
+
+    def __init__(self, backend: InMemoryBackend) -> None:
+        self.handler = pool(backend)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.client: Address | None = None
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        assert self.client is not None
+        for out in self.handler(datagram):
+            self.sock.sendto(out, self.client)
+        return []
+
+
+def test_replies_from_another_address_than_the_path_are_received(
+    backend: InMemoryBackend,
+) -> None:
+    elsewhere = _AnsweredFromElsewhere(backend)
+    try:
+        with (
+            FakeServer(elsewhere) as service,
+            make_client(service.address, timing=STEADY) as client,
+        ):
+            elsewhere.client = ("127.0.0.1", client.address[1])
+            out = dst()
+            report = client.fetch(TENANT, KEY, out)
+    finally:
+        elsewhere.sock.close()
+    assert report.ok and not report.fell_back
+    assert as_bytes(out) == CHUNK
+    assert report.frags_pool == NFRAGS
+
+
+def test_no_other_socket_can_share_the_client_port() -> None:
+    with make_client(("127.0.0.1", 9), ("127.0.0.2", 9)) as client:
+        other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            with pytest.raises(OSError):
+                other.bind(("0.0.0.0", client.address[1]))
+        finally:
+            other.close()

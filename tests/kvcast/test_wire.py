@@ -3,6 +3,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvcast import p4constants as c
 from kvcast import wire
@@ -69,6 +71,17 @@ def test_crc_binds_tenant_key_and_index_not_only_bytes() -> None:
     assert base != wire.fragment_crc(1, 42, 1, data)
     assert base != wire.fragment_crc(1, 42, 0, data[:-1] + b"x")
     assert base == wire.fragment_crc(1, 42, 0, memoryview(data))
+
+
+@given(
+    tenant=st.integers(0, 0xFFFF),
+    key=st.integers(0, (1 << 64) - 1),
+    idx=st.integers(0, 0xFFFF),
+    data=st.binary(min_size=1, max_size=300),
+)
+def test_seeded_crc_equals_the_full_crc(tenant: int, key: int, idx: int, data: bytes) -> None:
+    seed = wire.chunk_crc_seed(tenant, key)
+    assert wire.fragment_crc_seeded(seed, idx, data) == wire.fragment_crc(tenant, key, idx, data)
 
 
 def test_get_carries_exactly_one_fragment_of_placeholder() -> None:
