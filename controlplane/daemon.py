@@ -8,7 +8,9 @@ switch's SRAM) and, every ``tick_s``:
 1. collects the accesses since the last tick:
 
    * host agents' reports from the HTTP API (``POST /v1/reports``), which carry the host,
-     whether the switch served the chunk, and its place in the prefix chain;
+     whether the switch served the chunk, and its place in the prefix chain (records of chunks
+     a host put into the pool, ``event: stored``, are not accesses: they give the chunk's length
+     and clear an earlier "the pool does not have it");
    * the cache table's direct counters, read each tick: fragments the switch served that no
      report accounts for become ``hit=True`` accesses of an unknown host (reports explain
      counter hits one tick late, so that a report in flight is not counted twice);
@@ -198,6 +200,11 @@ class ControllerMetrics:
         )
         self.reports = Counter(
             p + "reports_received", "Access records accepted by the report API", registry=r
+        )
+        self.stored = Counter(
+            p + "chunks_stored_reported",
+            "Chunks hosts reported putting into the DRAM pool (event=stored records)",
+            registry=r,
         )
         self.report_requests = Counter(
             p + "report_requests", "Report API requests by HTTP status", ["code"], registry=r
@@ -703,6 +710,13 @@ class Controller:
         self._hosts[report.host] = (hid, switch)
         return hid, switch
 
+    def _stored(self, r: AccessReport) -> None:
+        """A host put a chunk into the pool: its length is known and the pool holds it again."""
+        self._remember(r.key, r.tenant, r.size, None)
+        for rt in self.switches.values():
+            rt.absent.pop(r.key, None)
+        self.metrics.stored.inc()
+
     def _remember(self, key: int, tenant: int, nbytes: int | None, reported: float | None) -> None:
         info = self._keys.get(key)
         if info is None:
@@ -734,6 +748,9 @@ class Controller:
             per_switch: dict[str, list[Access]] = {name: [] for name in self.switches}
             skew = self.config.report_api.clock_skew_s
             for r in reports:
+                if r.stored:
+                    self._stored(r)
+                    continue
                 host_id, switch = self._host_of(r)
                 t = r.time
                 if t > now + skew:

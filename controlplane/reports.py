@@ -19,7 +19,14 @@ hit         true: served from switch SRAM; false: not; null/absent:  no
             unknown or not fetched (e.g. computed here)
 parent      key of the previous block of the prefix chain            no
 position    index of the block in its chain (0 = first)              no
+event       ``"access"`` (default): the host used the chunk;         no
+            ``"stored"``: the host put the chunk into the DRAM pool
+            after computing it (the producer path; no ``hit``)
 =========== ======================================================== ========
+
+A ``stored`` record is not an access: the controller learns that the pool holds the chunk and
+its exact length (what it needs to load it into SRAM later), and forgets any earlier failure to
+read it from the pool; the cache policy sees the chunk only when hosts use it.
 
 Anything else (unknown fields, wrong types, out-of-range values, a body that is not a JSON
 list) is refused with ``400`` and a message naming the record and field (``reports[3].key:
@@ -61,6 +68,8 @@ from typing import Any, Protocol
 from controlplane.errors import ControlPlaneError
 
 __all__ = [
+    "EVENT_ACCESS",
+    "EVENT_STORED",
     "AccessReport",
     "HttpApi",
     "ReportClient",
@@ -77,7 +86,9 @@ _LOG = logging.getLogger(__name__)
 KEY_MAX = (1 << 64) - 1
 TENANT_MAX = 0xFFFF
 MAX_HOST_NAME = 253
-_FIELDS = ("tenant", "key", "size", "host", "time", "hit", "parent", "position")
+_FIELDS = ("tenant", "key", "size", "host", "time", "hit", "parent", "position", "event")
+EVENT_ACCESS, EVENT_STORED = "access", "stored"
+_EVENTS = (EVENT_ACCESS, EVENT_STORED)
 _REQUIRED = ("tenant", "key", "size", "host", "time")
 
 
@@ -94,6 +105,7 @@ class AccessReport:
         hit: whether switch SRAM served it (None: unknown or not fetched).
         parent: key of the previous block of its prefix chain, if known.
         position: index in the chain, if known.
+        event: ``"access"`` (the host used it) or ``"stored"`` (the host put it into the pool).
     """
 
     tenant: int
@@ -104,6 +116,12 @@ class AccessReport:
     hit: bool | None = None
     parent: int | None = None
     position: int | None = None
+    event: str = EVENT_ACCESS
+
+    @property
+    def stored(self) -> bool:
+        """Whether this records a put into the pool rather than a use."""
+        return self.event == EVENT_STORED
 
     def as_json(self) -> dict[str, Any]:
         """The record as the API takes it (keys as hex strings)."""
@@ -120,6 +138,8 @@ class AccessReport:
             out["parent"] = f"{self.parent:#x}"
         if self.position is not None:
             out["position"] = self.position
+        if self.event != EVENT_ACCESS:
+            out["event"] = self.event
         return out
 
 
@@ -203,6 +223,11 @@ def _record(raw: object, path: str) -> AccessReport:
         raise ReportError(f"{path}.hit: expected true, false or null, got {hit!r}")
     parent = raw.get("parent")
     position = raw.get("position")
+    event = raw.get("event", EVENT_ACCESS)
+    if event not in _EVENTS:
+        raise ReportError(f"{path}.event: expected one of {', '.join(_EVENTS)}, got {event!r}")
+    if event == EVENT_STORED and hit is not None:
+        raise ReportError(f"{path}.hit: a stored record has no hit (it was computed, not fetched)")
     if position is not None and (not _is_int(position) or not 0 <= position < 1 << 31):
         raise ReportError(f"{path}.position: expected a non-negative integer, got {position!r}")
     return AccessReport(
@@ -214,6 +239,7 @@ def _record(raw: object, path: str) -> AccessReport:
         hit=hit,
         parent=None if parent is None else _key(parent, f"{path}.parent"),
         position=None if position is None else int(position),
+        event=event,
     )
 
 

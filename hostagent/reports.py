@@ -3,10 +3,12 @@
 Every chunk a host fetches (or needed and could not fetch) is one access record for the
 controller's cache policy: ``{tenant, key, size, host, time, hit, parent?, position?}`` with the
 key as a JSON integer, ``time`` in wall-clock Unix seconds, and ``hit`` true when switch SRAM
-served the chunk. A report must never slow down or fail a fetch, so records go through a
-``ReportSink`` whose ``submit`` only appends to a bounded queue; the HTTP reporter posts batches
-from a background thread and, when the controller is down or the queue is full, drops records
-and counts them.
+served the chunk. A chunk a host computed and put into the DRAM pool (``hostagent.producer``) is
+one record with ``"event": "stored"`` and no ``hit``: not an access, but what tells the
+controller that the pool holds it. A report must never slow down or fail a fetch, so records
+go through a ``ReportSink`` whose ``submit`` only appends to a bounded queue; the HTTP reporter
+posts batches from a background thread and, when the controller is down or the queue is full,
+drops records and counts them.
 
 ``hit`` from a ``FetchReport`` (``entry_from_fetch``): **true when most fragments (more than
 half) came from the switch** (``frags_hit * 2 > frag_count``), false otherwise; ``None`` when the
@@ -86,6 +88,8 @@ class AccessEntry:
         hit: True: served from switch SRAM; False: from the DRAM pool; None: not fetched.
         parent: key of the previous block of its prefix chain, if known.
         position: index of the block in its chain (0 = first), if known.
+        event: ``"access"`` (the host used the chunk) or ``"stored"`` (the host put it into
+            the DRAM pool after computing it; ``hit`` is then None).
     """
 
     tenant: int
@@ -96,6 +100,7 @@ class AccessEntry:
     hit: bool | None = None
     parent: int | None = None
     position: int | None = None
+    event: str = "access"
 
     def as_json(self) -> dict[str, Any]:
         """The record as ``POST /v1/reports`` takes it (optional fields left out when None)."""
@@ -112,6 +117,8 @@ class AccessEntry:
             out["parent"] = self.parent
         if self.position is not None:
             out["position"] = self.position
+        if self.event != "access":
+            out["event"] = self.event
         return out
 
 

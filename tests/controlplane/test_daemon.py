@@ -619,3 +619,43 @@ def test_an_adopted_chunk_lost_in_a_switch_restart_is_reloaded_from_the_pool(env
             await ctl.stop()
 
     run(second())
+
+
+def stored(key: int) -> AccessReport:
+    """What a host's producer path reports after putting chunk ``key`` into the pool."""
+    return AccessReport(TENANT, key, SIZE, "h1", time.time(), event="stored")
+
+
+def test_a_stored_record_alone_is_no_access_and_loads_nothing(env: Env) -> None:
+    async def main() -> None:
+        ctl = await started(env.config())
+        try:
+            assert (await post(ctl, stored(KEYS["A"])))[0] == 202
+            summary = (await ctl.tick())["s1"]
+            assert summary.accesses == {} and summary.loaded == 0
+            assert cache_keys(env.sw) == set()
+            assert sample(ctl, "kvcast_controller_chunks_stored_reported_total") == 1
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
+def test_a_stored_record_ends_the_wait_for_a_chunk_the_pool_lacked(env: Env) -> None:
+    key = KEYS["H"] + 1  # not in the pool yet
+
+    async def main() -> None:
+        ctl = await started(env.config())  # the pool is asked again after max(30 s, 10 ticks)
+        try:
+            assert (await post(ctl, report(key)))[0] == 202
+            assert (await ctl.tick())["s1"].loaded == 0  # nothing to read from the pool
+            assert (await ctl.tick())["s1"].loaded == 0  # and not asked again so soon
+            env.backend.put(TENANT, key, chunk_bytes(key, SIZE))  # the host's put ...
+            assert (await post(ctl, stored(key)))[0] == 202  # ... and its report
+            summary = (await ctl.tick())["s1"]
+            assert "report" not in summary.accesses and summary.loaded == 1
+            assert served(env.sw, key) == ["hit"] * 3
+        finally:
+            await ctl.stop()
+
+    run(main())

@@ -13,6 +13,7 @@ import pytest
 
 from controlplane.errors import ControlPlaneError
 from controlplane.reports import (
+    EVENT_STORED,
     AccessReport,
     HttpApi,
     ReportClient,
@@ -95,6 +96,15 @@ def test_records_round_trip_through_as_json() -> None:
     assert parse_reports(body([r.as_json()])) == [r]
 
 
+def test_stored_records_parse_and_round_trip() -> None:
+    doc = {k: v for k, v in GOOD.items() if k != "hit"}
+    (r,) = parse_reports(body([{**doc, "event": "stored"}]))
+    assert r.stored and r.hit is None and r.event == EVENT_STORED
+    assert parse_reports(body([r.as_json()])) == [r]
+    (plain,) = parse_reports(body([doc]))
+    assert not plain.stored and "event" not in plain.as_json()
+
+
 def test_an_empty_list_is_valid() -> None:
     assert parse_reports(b"[]") == []
 
@@ -121,6 +131,8 @@ def test_an_empty_list_is_valid() -> None:
         ([{**GOOD, "parent": "x"}], "reports[0].parent"),
         ([{**GOOD, "position": -1}], "reports[0].position"),
         ([GOOD, {**GOOD, "size": "big"}], "reports[1].size"),
+        ([{**GOOD, "event": "deleted"}], "reports[0].event"),
+        ([{**GOOD, "event": "stored"}], "a stored record has no hit"),
     ],
 )
 def test_bad_records_are_named_in_the_error(doc: object, message: str) -> None:

@@ -2,9 +2,10 @@
 
 A tiny Hugging Face Llama (2 layers, hidden 64, 4 heads, 2 KV heads, vocab 256) is built locally
 with random weights from a fixed seed: nothing is downloaded (HF_HUB_OFFLINE=1). Host A prefills
-a 32-token prompt (two 16-token blocks), packs each block of its ``past_key_values`` into a
-chunk in the KVLayout and puts the chunks into the pool (``put_many``: Mooncake's
-``batch_put_from`` where Mooncake runs). Host B computes the chunk keys from the token ids
+a 32-token prompt (two 16-token blocks) and publishes it with the producer path
+(``hostagent.producer.Producer``): each block of its ``past_key_values`` packed into a chunk in
+the KVLayout, the chunks put into the pool in one batch (Mooncake's ``batch_put_from`` where
+Mooncake runs) and reported as stored. Host B computes the chunk keys from the token ids
 alone, fetches every chunk through the reference switch pipeline (``RefSwitchBridge``: from
 switch SRAM loaded with WRITE PacketOuts, or from the pool after a miss), rebuilds a
 ``DynamicCache`` and decodes the next token.
@@ -43,6 +44,8 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 from hostagent.chunkkeys import ChunkKeyer  # noqa: E402
 from hostagent.fetch import FetchClient, FetchOutcome  # noqa: E402
 from hostagent.layout import KVLayout, block_from_kv, kv_from_blocks  # noqa: E402
+from hostagent.producer import Producer  # noqa: E402
+from hostagent.reports import InMemorySink  # noqa: E402
 from kvcast import p4constants as c  # noqa: E402
 from poolnode.backend import InMemoryBackend, PoolBackend  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
@@ -143,10 +146,13 @@ def a32() -> HostA:
 
 
 def publish(a: HostA, backend: PoolBackend) -> None:
-    """Host A's producer path: every chunk into the pool in one batched put."""
-    backend.put_many(
-        (TENANT, key, chunk.numpy().data) for key, chunk in zip(a.chunk_keys, a.chunks, strict=True)
-    )
+    """Host A's producer path: its prefill cache cut into chunks, stored in one batched put
+    (Mooncake's ``batch_put_from`` where Mooncake runs) and reported as stored."""
+    sink = InMemorySink()
+    producer = Producer(backend, a.layout, ChunkKeyer(BLOCK, HASH_SEED), TENANT, reporter=sink)
+    report = producer.publish_kv(a.prompt, a.keys, a.values)
+    assert report.ok and report.stored_keys == a.chunk_keys
+    assert [(e.key, e.event) for e in sink.entries] == [(k, "stored") for k in a.chunk_keys]
 
 
 @pytest.fixture

@@ -150,6 +150,13 @@ def test_the_controllers_parser_accepts_the_records() -> None:
     ]
 
 
+def test_the_controllers_parser_accepts_stored_records() -> None:
+    entry = AccessEntry(TENANT, KEY, 4096, "h1", 1.7e9, parent=KEY - 1, position=1, event="stored")
+    (got,) = parse_reports(json.dumps([entry.as_json()]).encode())
+    assert got == AccessReport(TENANT, KEY, 4096, "h1", 1.7e9, None, KEY - 1, 1, "stored")
+    assert got.stored
+
+
 # -- the HTTP reporter -----------------------------------------------------------------------------
 
 
