@@ -164,12 +164,8 @@ class FetchReport:
         return out
 
 
-@dataclass(slots=True)
-class _Get:
-    start: int
-    count: int
-    deadline: float
-    path: int
+_Get = tuple[int, int, float]
+"""A GET in flight: (first fragment, fragments asked, deadline). A tuple: one is made per GET."""
 
 
 @dataclass(slots=True)
@@ -619,7 +615,7 @@ class FetchClient:
                     owner[f] = rid
             t = tries[i]
             due = now + (rto0 if t == 0 else min(rto0 * (1 << t), rto_max))
-            inflight[rid] = _Get(i, j - i, due, path)
+            inflight[rid] = (i, j - i, due)
             if due < next_check:
                 next_check = due
             rid = (rid + 1) & 0xFFFFFFFF
@@ -631,14 +627,15 @@ class FetchClient:
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
         frag, owner, tries = st.frag, st.owner, st.tries
+        start, count, _ = g
         exhausted = False
-        for f in range(g.start, g.start + g.count):
+        for f in range(start, start + count):
             if frag[f] == _REQUESTED and owner[f] == rid:
                 frag[f] = _MISSING
                 if failed:
                     tries[f] = min(tries[f] + 1, 255)
                     exhausted |= tries[f] > self.max_retries
-        st.scan = min(st.scan, g.start)
+        st.scan = min(st.scan, start)
         if failed:
             st.report.retries += 1
         if exhausted:
@@ -649,8 +646,8 @@ class FetchClient:
         inflight = st.inflight
         next_check = math.inf
         for rid, g in list(inflight.items()):
-            if g.deadline > now:
-                next_check = min(next_check, g.deadline)
+            if g[2] > now:
+                next_check = min(next_check, g[2])
             elif inflight.pop(rid, None) is not None:  # else gone with a path change
                 st.report.timeouts += 1
                 self._release(st, rid, g, failed=True)
@@ -663,8 +660,8 @@ class FetchClient:
         st.path += 1
         st.report.fell_back = True
         frag = st.frag
-        for g in st.inflight.values():
-            for f in range(g.start, g.start + g.count):
+        for start, count, _ in st.inflight.values():
+            for f in range(start, start + count):
                 if frag[f] == _REQUESTED:
                     frag[f] = _MISSING
         st.inflight.clear()
@@ -746,9 +743,9 @@ class FetchClient:
             if flags & c.KVP_FLAG_HIT:
                 # The switch answers a GET with its first fragment only: ask for the rest anew.
                 del st.inflight[rid]
-                if g.count > 1 or first != g.start:
+                if g[1] > 1 or first != g[0]:
                     self._release(st, rid, g, failed=False)
-            elif frag.count(_PRESENT_BYTE, g.start, g.start + g.count) == g.count:
+            elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
                 del st.inflight[rid]
 
     def _nack(self, st: _State, rid: int, status: int, path: int | None) -> None:
