@@ -39,6 +39,15 @@ BUILD = REPO / "p4src" / "build"
 P4INFO_PATH = BUILD / "kvcast.p4info.txtpb"
 BMV2_JSON_PATH = BUILD / "kvcast.json"
 OPT_BIN = Path("/opt/p4/bin")
+# p4c built with its Tofino backend installs under its own prefix (docs/tofino.md).
+OPT_TOFINO = Path("/opt/p4-tofino")
+# Where TNA's include files (tna.p4) may be: $KVCAST_TNA_INCLUDE first, then the Tofino build's
+# install prefix, then p4c's source tree where p4c was built from source under /opt/src.
+TNA_INCLUDE_CANDIDATES = (
+    OPT_TOFINO / "share" / "p4c" / "p4include",
+    Path("/opt/p4/share/p4c/p4include"),
+    Path("/opt/src/p4c/backends/tofino/bf-p4c/p4include"),
+)
 
 
 class TargetUnavailableError(RuntimeError):
@@ -49,8 +58,11 @@ def _find(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    candidate = OPT_BIN / name
-    return str(candidate) if candidate.exists() else None
+    for directory in (OPT_BIN, OPT_TOFINO / "bin"):
+        candidate = directory / name
+        if candidate.exists():
+            return str(candidate)
+    return None
 
 
 def bmv2_binary() -> str | None:
@@ -61,6 +73,25 @@ def bmv2_binary() -> str | None:
 def p4c_binary() -> str | None:
     """Path of p4c-bm2-ss, or None."""
     return _find("p4c-bm2-ss")
+
+
+def p4test_binary() -> str | None:
+    """Path of p4test (p4c's front and mid end alone), or None."""
+    return _find("p4test")
+
+
+def tofino_compiler() -> str | None:
+    """Path of p4c's Tofino backend (``p4c-barefoot``, or Intel's ``bf-p4c``), or None."""
+    return _find("p4c-barefoot") or _find("bf-p4c")
+
+
+def tna_include_dir() -> Path | None:
+    """A directory holding TNA's ``tna.p4`` (``$KVCAST_TNA_INCLUDE`` first), or None."""
+    env = os.environ.get("KVCAST_TNA_INCLUDE")
+    for directory in ((Path(env),) if env else ()) + TNA_INCLUDE_CANDIDATES:
+        if (directory / "tna.p4").is_file():
+            return directory
+    return None
 
 
 def load_p4info(path: Path = P4INFO_PATH) -> p4i.P4Info:

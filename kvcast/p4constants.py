@@ -61,6 +61,8 @@ POOL_BUCKETS: Final = 256
 POOL_BUCKET_BITS: Final = 8
 PORT_ENTRIES: Final = 512
 REPLICA_ENTRIES: Final = 1024
+SLOT_ADDR_BITS: Final = 13
+WORD_BITS: Final = 64
 
 # --- P4Info names (P4Runtime identifies entities by these)
 TABLE_INGRESS_PORT_ROLE_PORT_ROLE: Final = "KvcastIngress.port_role.port_role"

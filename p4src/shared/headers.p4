@@ -63,43 +63,42 @@ header kvp_t {
     bit<32>      crc;
 }
 
-// One fragment as FRAG_WORDS 64-bit words: the GET placeholder the switch overwrites on a hit,
-// and the payload of a WRITE. Words are big-endian, so the payload bytes keep their order.
+// One fragment as FRAG_WORDS words of WORD_BITS bits (32 x 64 on BMv2, 32 x 32 on Tofino): the
+// GET placeholder the switch overwrites on a hit, and the payload of a WRITE. Words are
+// big-endian, so the payload bytes keep their order.
 header kvp_value_t {
-    bit<64> w00;
-    bit<64> w01;
-    bit<64> w02;
-    bit<64> w03;
-    bit<64> w04;
-    bit<64> w05;
-    bit<64> w06;
-    bit<64> w07;
-    bit<64> w08;
-    bit<64> w09;
-    bit<64> w10;
-    bit<64> w11;
-    bit<64> w12;
-    bit<64> w13;
-    bit<64> w14;
-    bit<64> w15;
-#if FRAG_WORDS > 16
-    bit<64> w16;
-    bit<64> w17;
-    bit<64> w18;
-    bit<64> w19;
-    bit<64> w20;
-    bit<64> w21;
-    bit<64> w22;
-    bit<64> w23;
-    bit<64> w24;
-    bit<64> w25;
-    bit<64> w26;
-    bit<64> w27;
-    bit<64> w28;
-    bit<64> w29;
-    bit<64> w30;
-    bit<64> w31;
-#endif
+    bit<WORD_BITS> w00;
+    bit<WORD_BITS> w01;
+    bit<WORD_BITS> w02;
+    bit<WORD_BITS> w03;
+    bit<WORD_BITS> w04;
+    bit<WORD_BITS> w05;
+    bit<WORD_BITS> w06;
+    bit<WORD_BITS> w07;
+    bit<WORD_BITS> w08;
+    bit<WORD_BITS> w09;
+    bit<WORD_BITS> w10;
+    bit<WORD_BITS> w11;
+    bit<WORD_BITS> w12;
+    bit<WORD_BITS> w13;
+    bit<WORD_BITS> w14;
+    bit<WORD_BITS> w15;
+    bit<WORD_BITS> w16;
+    bit<WORD_BITS> w17;
+    bit<WORD_BITS> w18;
+    bit<WORD_BITS> w19;
+    bit<WORD_BITS> w20;
+    bit<WORD_BITS> w21;
+    bit<WORD_BITS> w22;
+    bit<WORD_BITS> w23;
+    bit<WORD_BITS> w24;
+    bit<WORD_BITS> w25;
+    bit<WORD_BITS> w26;
+    bit<WORD_BITS> w27;
+    bit<WORD_BITS> w28;
+    bit<WORD_BITS> w29;
+    bit<WORD_BITS> w30;
+    bit<WORD_BITS> w31;
 }
 
 // P4Runtime PacketOut metadata: egress_port 0 means "run the packet through ingress as if it

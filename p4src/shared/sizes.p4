@@ -1,19 +1,23 @@
 /*
  * kvcast sizes, per target. Each size names the limit that sets it. Macros (not consts) because
- * FRAG_WORDS shapes a header type and a sequence of control instances at preprocessing time.
+ * WORD_BITS shapes a header type and FRAG_WORDS a sequence of control instances at
+ * preprocessing time. A fragment is FRAG_WORDS words of WORD_BITS bits on every target.
  */
 #ifndef _KVCAST_SIZES_P4_
 #define _KVCAST_SIZES_P4_
 
 #ifdef __TARGET_TOFINO__
-// A Tofino-1 stage has 4 stateful ALUs, each updating one 64-bit register pair per pass, so one
-// pass over 4 of the 12 stages returns 16 x 8 B = 128 B: the value size NetCache and FarReach
-// reach in practice once lookup and metadata stages are paid for.
-#define FRAG_WORDS 16
+// A Tofino-1 stage has 4 stateful ALUs and each returns one 32-bit value per pass (TNA's
+// RegisterAction has a single output; wider outputs are Tofino-2's RegisterAction2..4), so a
+// fragment is 32 words of 32 bits read by 32 stateful ALUs in 8 of the 12 stages: the 128 B per
+// pass that NetCache and FarReach reach once lookup and metadata stages are paid for.
+#define WORD_BITS 32
+#define FRAG_WORDS 32
 #define FRAG_BYTES 128
-// 32768 x 128 B = 4 MiB of fragments per pipe: 16384 64-bit cells per register is the largest
-// power of two that fits one stage's SRAM with the slice's match table, two stages per slice.
+// 32768 x 32 bit = 128 KiB per word register (8 SRAM blocks of a stage's 80), 4 registers per
+// stage; 32 registers hold 32768 x 128 B = 4 MiB of fragments per pipe.
 #define NUM_FRAG_SLOTS 32768
+#define SLOT_ADDR_BITS 15
 #define CACHE_ENTRIES 16384
 #define CPU_PORT_NUM 192
 #else
@@ -21,11 +25,13 @@
 // cheap next to BMv2's per-packet overhead, and a GET with its 256 B placeholder stays far under
 // a 1500 B MTU. The packet size does not change on a hit: the switch overwrites the placeholder,
 // because BMv2 can grow a packet by at most 512 B per pass and Tofino by far less.
+#define WORD_BITS 64
 #define FRAG_WORDS 32
 #define FRAG_BYTES 256
 // 8192 x 256 B = 2 MiB: the order of one Tofino pipe's value SRAM, so emulation runs see the
 // same scarcity the control plane's policies are built for.
 #define NUM_FRAG_SLOTS 8192
+#define SLOT_ADDR_BITS 13
 // One cache entry per cached chunk; 4096 chunks of >= 2 fragments fill the slot array.
 #define CACHE_ENTRIES 4096
 // simple_switch_grpc --cpu-port 255 (the P4Runtime PacketIn/PacketOut port).

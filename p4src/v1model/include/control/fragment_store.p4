@@ -1,5 +1,5 @@
 /*
- * FragmentStore: switch SRAM for cached chunk fragments. A fragment is FRAG_WORDS 64-bit words,
+ * FragmentStore: switch SRAM for cached chunk fragments. A fragment is FRAG_WORDS words,
  * each word in its own register array (one ValueSlice), so a WRITE stores and a GET reads a whole
  * fragment in one pass. With every fragment slot the store keeps the epoch of the load that wrote
  * it, the fragment's CRC (computed by the control plane, checked by the host) and its length.
@@ -7,9 +7,9 @@
 #ifndef _KVCAST_FRAGMENT_STORE_P4_
 #define _KVCAST_FRAGMENT_STORE_P4_
 
-// One 64-bit word of every fragment slot.
-control ValueSlice(inout bit<64> word, in slot_index_t slot, in bool write) {
-    register<bit<64>>(NUM_FRAG_SLOTS) frag_word;
+// One word of every fragment slot.
+control ValueSlice(inout bit<WORD_BITS> word, in slot_index_t slot, in bool write) {
+    register<bit<WORD_BITS>>(NUM_FRAG_SLOTS) frag_word;
 
     apply {
         if (write) {
@@ -43,7 +43,6 @@ control FragmentStore(inout headers_t hdr, inout local_metadata_t meta) {
     ValueSlice() slice_13;
     ValueSlice() slice_14;
     ValueSlice() slice_15;
-#if FRAG_WORDS > 16
     ValueSlice() slice_16;
     ValueSlice() slice_17;
     ValueSlice() slice_18;
@@ -60,7 +59,6 @@ control FragmentStore(inout headers_t hdr, inout local_metadata_t meta) {
     ValueSlice() slice_29;
     ValueSlice() slice_30;
     ValueSlice() slice_31;
-#endif
 
     apply {
         bool write = hdr.kvp.op == KVP_OP_WRITE;
@@ -89,7 +87,6 @@ control FragmentStore(inout headers_t hdr, inout local_metadata_t meta) {
         slice_13.apply(hdr.value.w13, meta.slot, write);
         slice_14.apply(hdr.value.w14, meta.slot, write);
         slice_15.apply(hdr.value.w15, meta.slot, write);
-#if FRAG_WORDS > 16
         slice_16.apply(hdr.value.w16, meta.slot, write);
         slice_17.apply(hdr.value.w17, meta.slot, write);
         slice_18.apply(hdr.value.w18, meta.slot, write);
@@ -106,7 +103,6 @@ control FragmentStore(inout headers_t hdr, inout local_metadata_t meta) {
         slice_29.apply(hdr.value.w29, meta.slot, write);
         slice_30.apply(hdr.value.w30, meta.slot, write);
         slice_31.apply(hdr.value.w31, meta.slot, write);
-#endif
     }
 }
 
