@@ -28,6 +28,10 @@ Three measurements, each a ratio of two things measured side by side in one run:
     process (the pool node, ``fetch_pool_us``), against one crossing for a plain datagram: its
     ratio is what a pool-served fetch achieves relative to one-way UDP, not a like-for-like
     protocol overhead.
+``path=bmv2``
+    The ``path=refswitch`` measurement with BMv2 (``simple_switch_grpc``, the same P4 program)
+    as the switch, where it is installed: a GET hit there costs BMv2 32 register reads, which
+    puts the reference target's ratio in context.
 ``path=mooncake``
     ``mooncake_master`` and a pool node holding the chunk in its Mooncake segment
     (``python -m poolnode --master ...``) on loopback. This process opens its own Mooncake
@@ -68,7 +72,7 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks import bench_line
-from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts
+from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
 from hostagent import bench as hostbench
 from hostagent.synthetic import synthetic_chunk
 from kvcast import p4constants as c
@@ -120,19 +124,21 @@ class SwitchTestbed:
 
     Args:
         logdir: where the switch's log goes.
+        kind: ``"refswitch"`` (the reference target) or ``"bmv2"`` (simple_switch_grpc).
 
     Raises:
-        TargetUnavailableError: not root, no P4Info, or the switch or a namespace cannot start.
+        TargetUnavailableError: not root, no P4Info, the switch binary is missing, or the switch
+            or a namespace cannot start.
     """
 
-    def __init__(self, logdir: Path) -> None:
+    def __init__(self, logdir: Path, kind: str = "refswitch") -> None:
         tag = f"{os.getpid() % 100000}"
         self.host_ns, self.peer_ns = f"kvhf{tag}h", f"kvhf{tag}p"
         self._namespaces: list[str] = []
         self.sw: SwitchProcess | None = None
         self.veths = VethPorts([1, 2], prefix="khf")
         try:
-            self.sw = SwitchProcess("refswitch", self.veths.interface_args(), logdir / "sw.log")
+            self.sw = SwitchProcess(kind, self.veths.interface_args(), logdir / "sw.log")
             self._namespace(self.host_ns, self.veths.pairs[1].host_if, HOST_MAC, HOST_IP, PEER_IP)
             self._namespace(self.peer_ns, self.veths.pairs[2].host_if, PEER_MAC, PEER_IP, HOST_IP)
             self._program()
@@ -258,13 +264,16 @@ def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str
     return record
 
 
-def measure_refswitch(nbytes: int, rounds: int, pool_path: bool) -> list[dict[str, Any]]:
-    """Fetch through the reference switch vs plain UDP on the same veth path.
+def measure_refswitch(
+    nbytes: int, rounds: int, pool_path: bool, kind: str = "refswitch"
+) -> list[dict[str, Any]]:
+    """Fetch through the reference switch (or BMv2) vs plain UDP on the same veth path.
 
     Args:
         nbytes: chunk length.
         rounds: measured fetch / UDP pairs per path.
         pool_path: also measure the pool-behind-the-switch path.
+        kind: the switch: ``"refswitch"`` or ``"bmv2"`` (records get ``path=bmv2``).
 
     Returns:
         One probe record per path, with ``path`` set.
@@ -275,12 +284,12 @@ def measure_refswitch(nbytes: int, rounds: int, pool_path: bool) -> list[dict[st
     """
     logdir = Path(tempfile.mkdtemp(prefix="kvcast-bench-hostagent-"))
     records: list[dict[str, Any]] = []
-    with SwitchTestbed(logdir) as tb:
+    with SwitchTestbed(logdir, kind) as tb:
         t0 = time.monotonic()
         tb.load(nbytes)
         load_s = time.monotonic() - t0
         rec = _probe(tb, nbytes, rounds)
-        rec.update(path="refswitch", sram_load_s=load_s)
+        rec.update(path="refswitch" if kind == "refswitch" else kind, sram_load_s=load_s)
         records.append(rec)
         if pool_path:
             pool = tb.in_ns(
@@ -413,8 +422,16 @@ def run(quick: bool = False) -> list[str]:
         lines.append(line)
 
     kvp_switch: float | None = None
-    try:
-        for rec in measure_refswitch(nbytes, rounds, pool_path=True):
+    for kind in ("refswitch", "bmv2"):
+        if kind == "bmv2" and bmv2_binary() is None:
+            emit(path="bmv2", skipped="simple_switch_grpc-not-installed")
+            continue
+        try:
+            records = measure_refswitch(nbytes, rounds, pool_path=kind == "refswitch", kind=kind)
+        except TargetUnavailableError as exc:
+            emit(path=kind, skipped=_reason(exc))
+            continue
+        for rec in records:
             if rec["path"] == "refswitch":
                 kvp_switch = float(rec["fetch_MBps"])
             emit(
@@ -430,8 +447,6 @@ def run(quick: bool = False) -> list[str]:
                 frags_pool=rec["frags_pool"], retries=rec["retries"],
                 udp_resent=rec["udp_resent"],
             )  # fmt: skip
-    except TargetUnavailableError as exc:
-        emit(path="refswitch", skipped=_reason(exc))
     try:
         mc = measure_mooncake(nbytes, 20)
     except ImportError as exc:

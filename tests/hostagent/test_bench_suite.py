@@ -33,8 +33,10 @@ def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
     monkeypatch.setattr(suite, "measure_refswitch", no_switch)
     monkeypatch.setattr(suite, "measure_mooncake", no_mooncake)
+    monkeypatch.setattr(suite, "bmv2_binary", lambda: None)
     fields = _fields(suite.run(quick=True))
     assert fields["refswitch"]["skipped"] == "veth-pairs-need-root-(CAP_NET_ADMIN)"
+    assert fields["bmv2"]["skipped"] == "simple_switch_grpc-not-installed"
     assert fields["mooncake"]["skipped"] == "mooncake_master-not-found"
 
 
@@ -48,15 +50,23 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
         "frags_pool": 0, "retries": 0, "udp_resent": 0,
     }  # fmt: skip
     monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
-    monkeypatch.setattr(suite, "measure_refswitch", lambda *a, **k: [probe])
+    monkeypatch.setattr(suite, "bmv2_binary", lambda: "/usr/bin/simple_switch_grpc")
+    monkeypatch.setattr(
+        suite,
+        "measure_refswitch",
+        lambda *a, kind, **k: [
+            {**probe, "path": kind, "fetch_MBps": 5.0 if kind == "bmv2" else 10.0}
+        ],
+    )
     monkeypatch.setattr(
         suite, "measure_mooncake", lambda *a, **k: {"get_into_MBps": 300.0, "kvp_MBps": 60.0}
     )
     fields = _fields(suite.run(quick=True))
     assert fields["refswitch"]["ratio"] == "0.8"
     assert fields["refswitch"]["cpu_ratio"] == "1"
+    assert fields["bmv2"]["fetch_MBps"] == "5"
     assert fields["mooncake"]["ratio_to_kvp"] == "5"
-    assert fields["mooncake"]["ratio_to_kvp_refswitch"] == "30"
+    assert fields["mooncake"]["ratio_to_kvp_refswitch"] == "30"  # to refswitch's, not BMv2's
 
 
 @pytest.mark.slow
@@ -76,6 +86,7 @@ def test_quick_suite_measures_every_path_and_removes_its_testbed() -> None:
     assert int(fields["refswitch"]["frags_hit"]) == 5 * suite.CHUNK_BYTES // 256
     assert int(fields["refswitch-pool"]["frags_pool"]) == 5 * suite.CHUNK_BYTES // 256
     assert "get_into_MBps" in fields["mooncake"] or "skipped" in fields["mooncake"]
+    assert "fetch_MBps" in fields["bmv2"] or "skipped" in fields["bmv2"]
     tag = f"kvhf{os.getpid() % 100000}"
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
