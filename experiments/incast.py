@@ -423,7 +423,8 @@ def _plot(results: list[PointResult], path: Path) -> None:
     fig, axes = plt.subplots(len(sizes), 2, figsize=(11, 3.8 * len(sizes)), squeeze=False)
     for row, size in enumerate(sizes):
         for m in MODES:
-            pts = sorted((r.n, r.summary()) for r in results if r.nbytes == size and r.mode == m)
+            # Repeats give several points per N: group them, never compare their summaries.
+            pts = [(r.n, r.summary()) for r in results if r.nbytes == size and r.mode == m]
             if not pts:
                 continue
             by_n: dict[int, list[dict[str, Any]]] = {}
