@@ -5,7 +5,9 @@ chunk's bytes. It sends pipelined GETs (at most ``window`` outstanding) to the s
 (the switch VIP: a hit comes back from switch SRAM with ``HIT``, a miss is forwarded to the key's
 pool node and comes back with ``POOL``); each DATA is received with ``recv_into`` into one
 reusable buffer, checked (tenant, key, request id, fragment range, length, CRC) and copied once,
-straight to ``offset = frag_idx * FRAG_BYTES`` of the tensor. A per-fragment state array tracks
+straight to ``offset = frag_idx * FRAG_BYTES`` of the tensor. No bytes object is made per
+fragment: the CRC runs over views of the receive buffer made once (the payload, and the header's
+frag_idx field for the seed), and the copy is the one write into the tensor. A per-fragment state array tracks
 what is missing, requested or present. A GET unanswered in time is resent with exponential
 backoff; once a fragment has been retried ``max_retries`` times, or the pool answers
 ``NOT_FOUND`` through the switch, the client asks the DRAM pool directly (``pool_addr``, GETs with
@@ -43,7 +45,6 @@ import math
 import random
 import select
 import socket
-import struct
 import time
 import zlib
 from array import array
@@ -70,7 +71,10 @@ _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
-_U16 = struct.Struct("!H")
+# Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
+_FRAG_IDX_AT = 24
+if KVP_STRUCT.unpack(bytes(range(_HDR)))[9] != (_FRAG_IDX_AT << 8) | (_FRAG_IDX_AT + 1):
+    raise ImportError("_FRAG_IDX_AT does not match KVP_STRUCT")  # pragma: no cover
 
 
 class FetchError(ValueError):
@@ -298,6 +302,10 @@ class FetchClient:
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
         self._rbuf = bytearray(65536)
         self._rview = memoryview(self._rbuf)
+        # Views into the receive buffer made once: a full fragment's payload, and the DATA's
+        # frag_idx field (the CRC seed's last two bytes, big-endian as on the wire).
+        self._full_payload = self._rview[_HDR : _HDR + _FB]
+        self._frag_idx_field = self._rview[_FRAG_IDX_AT : _FRAG_IDX_AT + 2]
         self._get = bytearray(_HDR + _FB)
         self._next_req = random.getrandbits(32)
 
@@ -708,8 +716,8 @@ class FetchClient:
             report.invalid += 1
             return
         g = st.inflight.get(rid)
-        payload = self._rview[_HDR : _HDR + plen]
-        if zlib.crc32(payload, zlib.crc32(_U16.pack(first), st.crc_seed)) != crc:
+        payload = self._full_payload if plen == _FB else self._rview[_HDR : _HDR + plen]
+        if zlib.crc32(payload, zlib.crc32(self._frag_idx_field, st.crc_seed)) != crc:
             report.crc_failures += 1
             if g is not None:
                 del st.inflight[rid]
