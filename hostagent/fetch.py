@@ -1,19 +1,19 @@
 """The host agent's fetch client: one chunk from the switch, else the DRAM pool, else "recompute".
 
-``FetchClient.fetch`` fills a preallocated uint8 tensor (pinned where CUDA exists) with one
-chunk's bytes. It sends pipelined GETs (at most ``window`` outstanding) to the service address
-(the switch VIP: a hit comes back from switch SRAM with ``HIT``, a miss is forwarded to the key's
-pool node and comes back with ``POOL``); each DATA is received with ``recv_into`` into one
-reusable buffer, checked (tenant, key, request id, fragment range, length, CRC) and copied once,
-straight to ``offset = frag_idx * FRAG_BYTES`` of the tensor. No bytes object is made per
-fragment: the CRC runs over views of the receive buffer made once (the payload, and the header's
-frag_idx field for the seed), and the copy is the one write into the tensor. A per-fragment state array tracks
-what is missing, requested or present. A GET unanswered in time is resent with exponential
-backoff; once a fragment has been retried ``max_retries`` times, or the pool answers
-``NOT_FOUND`` through the switch, the client asks the DRAM pool directly (``pool_addr``, GETs with
-``NOCACHE``), keeping every fragment it already verified (keys are content hashes: the same key
-is the same bytes from any source). When that fails too the answer is ``RECOMPUTE``: ordinary
-misses are outcomes, never exceptions, and a partly filled tensor is never reported as valid.
+``FetchClient.fetch`` fills a preallocated uint8 tensor (pinned where CUDA exists) with one chunk's
+bytes. It sends pipelined GETs (at most ``window`` outstanding) to the service address (the switch
+VIP: a hit comes back from switch SRAM with ``HIT``, a miss is forwarded to the key's pool node and
+comes back with ``POOL``); each DATA is received with ``recv_into`` into one reusable buffer,
+checked (tenant, key, request id, fragment range, length, CRC) and copied once, straight to
+``offset = frag_idx * FRAG_BYTES`` of the tensor. No bytes object is made per fragment: the CRC
+runs over views of the receive buffer made once (the payload, and the header's frag_idx field for
+the seed), and the copy is the one write into the tensor. A per-fragment state array tracks what is
+missing, requested or present. A GET unanswered in time is resent with exponential backoff; once a
+fragment has been retried ``max_retries`` times, or the pool answers ``NOT_FOUND`` through the
+switch, the client asks the DRAM pool directly (``pool_addr``, GETs with ``NOCACHE``), keeping
+every fragment it already verified (keys are content hashes: the same key is the same bytes from
+any source). When that fails too the answer is ``RECOMPUTE``: ordinary misses are outcomes, never
+exceptions, and a partly filled tensor is never reported as valid.
 
 Group fetch: N hosts that need the same chunk share one multicast stream. The **leader** runs
 ``fetch`` with a client whose ``group`` is G: its GETs name G, so the switch multicasts each hit
