@@ -1,14 +1,14 @@
 """End to end with a real model: prefix KV produced on host A, fetched on host B, same logits.
 
 A tiny Hugging Face Llama (2 layers, hidden 64, 4 heads, 2 KV heads, vocab 256) is built locally
-with random weights from a fixed seed: nothing is downloaded (HF_HUB_OFFLINE=1). Host A prefills
-a 32-token prompt (two 16-token blocks) and publishes it with the producer path
-(``hostagent.producer.Producer``): each block of its ``past_key_values`` packed into a chunk in
-the KVLayout, the chunks put into the pool in one batch (Mooncake's ``batch_put_from`` where
-Mooncake runs) and reported as stored. Host B computes the chunk keys from the token ids
-alone, fetches every chunk through the reference switch pipeline (``RefSwitchBridge``: from
-switch SRAM loaded with WRITE PacketOuts, or from the pool after a miss), rebuilds a
-``DynamicCache`` and decodes the next token.
+with random weights from a fixed seed: nothing is downloaded (HF_HUB_OFFLINE=1). Host A prefills a
+32-token prompt (two 16-token blocks) and publishes it with the producer path
+(``hostagent.producer.Producer``): each block of its ``past_key_values`` packed into a chunk in the
+KVLayout, the chunks put into the pool in one batch (Mooncake's ``batch_put_from`` where Mooncake
+runs) and reported as stored. Host B, from the token ids alone (``PrefixFetcher``: chunk keys, then
+the longest prefix of blocks the network holds), fetches every chunk through the reference switch
+pipeline (``RefSwitchBridge``: from switch SRAM loaded with WRITE PacketOuts, or from the pool
+after a miss), rebuilds a ``DynamicCache`` and decodes the next token.
 
 Two comparisons:
 
@@ -44,6 +44,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 from hostagent.chunkkeys import ChunkKeyer  # noqa: E402
 from hostagent.fetch import FetchClient, FetchOutcome  # noqa: E402
 from hostagent.layout import KVLayout, block_from_kv, kv_from_blocks  # noqa: E402
+from hostagent.prefix import PrefixFetcher  # noqa: E402
 from hostagent.producer import Producer  # noqa: E402
 from hostagent.reports import InMemorySink  # noqa: E402
 from kvcast import p4constants as c  # noqa: E402
@@ -177,15 +178,12 @@ def mooncake_store() -> Iterator[PoolBackend]:
 
 
 def host_b_fetch(a: HostA, client: FetchClient) -> tuple[list[torch.Tensor], list[Any]]:
-    """Host B: keys from the token ids alone, one fetch per block."""
-    keys = ChunkKeyer(BLOCK, HASH_SEED).keys(a.prompt)
-    assert [k.key for k in keys] == a.chunk_keys
-    bufs, reports = [], []
-    for ck in keys:
-        buf = a.layout.alloc_chunk(pin=False).zero_()
-        reports.append(client.fetch_block(TENANT, ck.key, a.layout, buf))
-        bufs.append(buf)
-    return bufs, reports
+    """Host B: from the token ids alone, the longest prefix the network holds."""
+    fetcher = PrefixFetcher(client, a.layout, ChunkKeyer(BLOCK, HASH_SEED), TENANT)
+    result = fetcher.fetch_prefix(a.prompt)
+    assert [k.key for k in result.keys] == a.chunk_keys
+    assert result.tokens == len(a.prompt), f"prefix ended early: {result.stop_reason}"
+    return result.chunks, result.reports
 
 
 def check_logits(a: HostA, bufs: list[torch.Tensor]) -> None:
