@@ -44,6 +44,15 @@ UDP_LEN = c.UDP_HDR_BYTES
 KVP_LEN = c.KVP_HDR_BYTES
 PACKET_OUT_LEN = 2
 PACKET_IN_LEN = 2
+# Offsets in a frame from a host port (no packet_out header), for the fast path.
+_IP = ETH_LEN
+_UDP_AT = _IP + IPV4_LEN
+_KVP = _UDP_AT + UDP_LEN
+_VALUE = _KVP + KVP_LEN
+_GET_FRAME_LEN = _VALUE + c.FRAG_BYTES
+_GET_VERSION_OP = (c.KVP_VERSION << 4) | c.KVP_OP_GET
+_DATA_VERSION_OP = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
+_NOCACHE = c.KVP_FLAG_NOCACHE
 
 # Table names (from the generated constants: P4 is the single source).
 T_PORT_ROLE = c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE
@@ -168,10 +177,11 @@ class Pipeline:
         state: table entries, counters, multicast groups, digests.
     """
 
-    def __init__(self, state: SwitchState):
+    def __init__(self, state: SwitchState, fast_path: bool = True):
         self.state = state
         self.regs = Registers()
         self.cpu_port = c.CPU_PORT_NUM
+        self.fast_path = fast_path
 
     def reset(self) -> None:
         """Clears every register, as loading a new program does on BMv2."""
@@ -189,6 +199,12 @@ class Pipeline:
         Returns:
             The packets to send, in replica order; empty if dropped.
         """
+        if self.fast_path:
+            fast = self._unicast_get_hit(ingress_port, frame)
+            if fast is None:
+                fast = self._routed_ipv4(ingress_port, frame)
+            if fast is not None:
+                return fast
         pkt = bytearray(frame)
         n = len(pkt)
         meta = _Meta()
@@ -247,6 +263,101 @@ class Pipeline:
             kvp,
             value,
         )
+
+    # ------------------------------------------------------------------ fast path
+    def _unicast_get_hit(self, port: int, frame: bytes) -> list[Output] | None:
+        """The common case in one pass: a well-formed unicast GET that hits, or None.
+
+        Gives exactly what the general path gives for such a packet (the same reply bytes and
+        the same counter updates: the cache entry's direct counter and EV_GET_HIT) with a
+        fraction of its work, and returns None before changing anything for every other
+        packet (another op, a miss, NOCACHE, a group, a fragment out of range, a stale epoch,
+        anything malformed or of another length), which the general path then runs. The
+        general path stays the block-for-block mirror of the P4 program;
+        tests/refswitch/test_fast_path.py checks the two agree packet for packet.
+        """
+        if len(frame) != _GET_FRAME_LEN or port == self.cpu_port:
+            return None
+        if frame[12] != 0x08 or frame[13] != 0x00 or frame[_IP] != 0x45 or frame[_IP + 9] != 17:
+            return None
+        if frame[_IP + 6] & 0x1F or frame[_IP + 7] or frame[_KVP] != _GET_VERSION_OP:
+            return None
+        if _PORTS.unpack_from(frame, _UDP_AT)[1] != c.KVP_UDP_PORT or frame[_KVP + 1] & _NOCACHE:
+            return None
+        total_len, udp_len, _payload_len = _LENGTHS.unpack_from(frame, _IP)
+        if udp_len != total_len - IPV4_LEN or udp_len != UDP_LEN + KVP_LEN + c.FRAG_BYTES:
+            return None
+        computed, stored = _ipv4_checksum_at(frame, _IP)
+        if computed != stored:
+            return None
+        tenant, group, key = _TENANT_GROUP_KEY.unpack_from(frame, _KVP + 4)
+        if group != 0:
+            return None
+        state = self.state
+        call, entry = state.lookup(T_CACHE, (tenant, key))
+        if call.action != A_CACHE_HIT:
+            return None
+        params = call.params
+        frag_idx = _U16.unpack_from(frame, _KVP + 24)[0]
+        frag_count = params["frag_count"]
+        epoch = params["epoch"]
+        slot = (params["slot_base"] + frag_idx) & 0xFFFFFFFF
+        regs = self.regs
+        if frag_idx >= frag_count or slot >= c.NUM_FRAG_SLOTS or regs.frag_epoch[slot] != epoch:
+            return None
+        state.count_direct(entry)
+        state.count(IG_EVENTS, c.EV_GET_HIT)
+        # The reply: the GET rewritten in place, as FragmentStore, KvpReply and the deparser do.
+        pkt = bytearray(frame)
+        base = slot * c.FRAG_BYTES
+        pkt[_VALUE : _VALUE + c.FRAG_BYTES] = regs.frag_words[base : base + c.FRAG_BYTES]
+        _U32.pack_into(pkt, _KVP + 36, regs.frag_crc[slot])
+        _U16.pack_into(pkt, _KVP + 28, regs.frag_len[slot])
+        pkt[_KVP] = _DATA_VERSION_OP
+        pkt[_KVP + 1] |= c.KVP_FLAG_HIT
+        _U16.pack_into(pkt, _KVP + 26, frag_count)
+        _U32.pack_into(pkt, _KVP + 20, epoch)
+        _U32.pack_into(pkt, _KVP + 32, 0)
+        pkt[_IP + 12 : _IP + 20] = frame[_IP + 16 : _IP + 20] + frame[_IP + 12 : _IP + 16]
+        pkt[_IP + 8] = 64
+        pkt[_UDP_AT : _UDP_AT + 4] = frame[_UDP_AT + 2 : _UDP_AT + 4] + frame[_UDP_AT : _UDP_AT + 2]
+        _U16.pack_into(pkt, _UDP_AT + 6, 0)
+        pkt[0:12] = frame[6:12] + frame[0:6]
+        _U16.pack_into(pkt, _IP + 10, _ipv4_checksum_at(pkt, _IP)[0])
+        return [Output(port, bytes(pkt), port)]
+
+    def _routed_ipv4(self, port: int, frame: bytes) -> list[Output] | None:
+        """The other common case in one pass: IPv4 that is not KVP and has a route, or None.
+
+        Like ``_unicast_get_hit``: the same bytes out as the general path (no counter counts a
+        routed packet), and None before changing anything for every other packet (KVP, a
+        malformed or truncated header, options, TTL 1, no route, the CPU port, not IPv4).
+        """
+        n = len(frame)
+        if n < _UDP_AT or port == self.cpu_port or frame[12] != 0x08 or frame[13] != 0x00:
+            return None
+        if frame[_IP] != 0x45 or frame[_IP + 8] <= 1:
+            return None
+        if frame[_IP + 9] == 17 and not (frame[_IP + 6] & 0x1F or frame[_IP + 7]):
+            # An unfragmented UDP header the parser reads: not KVP, and complete.
+            if n < _KVP:
+                return None
+            sport, dport = _PORTS.unpack_from(frame, _UDP_AT)
+            if sport == c.KVP_UDP_PORT or dport == c.KVP_UDP_PORT:
+                return None
+        computed, stored = _ipv4_checksum_at(frame, _IP)
+        if computed != stored:
+            return None
+        call, _ = self.state.lookup(T_IPV4_LPM, (_U32.unpack_from(frame, _IP + 16)[0],))
+        if call.action != A_ROUTE:
+            return None
+        p = call.params
+        pkt = bytearray(frame)
+        pkt[0:6] = p["dmac"].to_bytes(6, "big")
+        pkt[6:12] = p["smac"].to_bytes(6, "big")
+        pkt[_IP + 8] -= 1
+        _U16.pack_into(pkt, _IP + 10, _ipv4_checksum_at(pkt, _IP)[0])
+        return [Output(p["port"], bytes(pkt), port)]
 
     # ------------------------------------------------------------------ ingress
     def _ingress(
@@ -560,7 +671,7 @@ class Pipeline:
         _U16.pack_into(pkt, ip + 10, _ipv4_checksum_at(pkt, ip)[0])
 
 
-def _ipv4_checksum_at(pkt: bytearray, ip: int) -> tuple[int, int]:
+def _ipv4_checksum_at(pkt: bytes | bytearray, ip: int) -> tuple[int, int]:
     """(checksum computed over the option-less IPv4 header at ``ip``, checksum stored there).
 
     The computed value is what ``kvcast.wire.ipv4_checksum`` gives for the header with its
