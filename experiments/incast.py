@@ -10,6 +10,11 @@ Modes (one emulated cluster, measured side by side in one run):
   switch answers every member from SRAM.
 - ``d`` sram-unicast: the prefix is in switch SRAM; every host asks the switch for each fragment.
 
+The pool node is ``python -m poolnode`` in the pool's namespace: with ``--pool-backend mooncake``
+(the default where ``mooncake_master`` is installed, which ``make setup`` does) it starts
+``mooncake_master`` there and serves the prefix from Mooncake Store; ``memory`` keeps it in the
+pool node's own memory.
+
 Per point it records every host's completion time (from a common start instant to a complete,
 CRC-checked and content-verified tensor), the pool node's egress bytes (its interface counter)
 and the switch's counters; it writes a per-host CSV, a summary CSV and a PNG plot.
@@ -35,6 +40,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -335,6 +341,19 @@ def _synthetic(key: int, nbytes: int) -> bytes:
     return synthetic_chunk(TENANT, key, nbytes, SEED)
 
 
+def _wait_listening(proc: subprocess.Popen[Any], log: Path, timeout_s: float = 120.0) -> None:
+    """Waits for the pool node's ``poolnode listening`` line in its log file."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "poolnode listening" in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    tail = log.read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"the pool node did not start (exit {proc.poll()}); log {log}:\n{tail}")
+
+
 def run_sweep(
     spec: ClusterSpec,
     switch_cls: type[P4Switch],
@@ -343,6 +362,7 @@ def run_sweep(
     sizes: Sequence[int],
     repeats: int,
     progress: Callable[[str], None] = print,
+    pool_backend: str = "memory",
 ) -> list[PointResult]:
     """Runs every (size, N, mode) point on one cluster.
 
@@ -354,9 +374,15 @@ def run_sweep(
         sizes: prefix sizes in bytes.
         repeats: runs per point.
         progress: where progress lines go.
+        pool_backend: ``"memory"``, or ``"mooncake"``: the pool node starts ``mooncake_master``
+            in its namespace and serves the prefix from Mooncake Store (``python -m poolnode
+            --start-master``).
 
     Returns:
         Every point's result.
+
+    Raises:
+        RuntimeError: the pool node did not start (its log's tail is in the message).
     """
     results: list[PointResult] = []
     points = [(s, n, m, r) for s in sizes for n in ns for m in modes for r in range(repeats)]
@@ -364,18 +390,22 @@ def run_sweep(
     preload = [arg for s in sizes for arg in ("--preload", f"{TENANT}:{keys[s]}:{s}:{SEED}")]
     with Cluster(spec, switch_cls) as cluster:
         pool = cluster.pools()[0]
-        pool_cmd = [
-            sys.executable,
-            "-m",
-            "poolnode",
-            "--port",
-            str(c.KVP_UDP_PORT),
-            "--backend",
-            "memory",
-            *preload,
-        ]
-        with cluster.popen(pool.name, pool_cmd):
-            time.sleep(1.0)
+        pool_cmd = [sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT), *preload]
+        if pool_backend == "mooncake":
+            pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
+        else:
+            pool_cmd += ["--backend", "memory"]
+        # The pool node's output goes to a file: Mooncake logs a lot, and a pipe nobody reads
+        # would stop it once full.
+        pool_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the whole sweep
+            "w+", prefix="kvcast-incast-pool-", suffix=".log", delete=False
+        )
+        with (
+            pool_log,
+            cluster.popen(pool.name, pool_cmd, stdout=pool_log, stderr=subprocess.STDOUT) as proc,
+        ):
+            _wait_listening(proc, Path(pool_log.name))
+            progress(f"pool node ({pool_backend}) ready")
             t0 = time.time()
             for done, (size, n, m, rep) in enumerate(points, 1):
                 res = run_point(cluster, MODES[m], n, size, keys[size], group=100 + done)
@@ -387,6 +417,7 @@ def run_sweep(
                     f"max={s['max_s']:.3f}s p50={s['p50_s']:.3f}s "
                     f"pool_tx={s['pool_tx_over_prefix']:.2f}x ok={s['ok_hosts']}/{n}"
                 )
+    Path(pool_log.name).unlink()  # kept when anything above raised: its path is in the error
     return results
 
 
@@ -502,6 +533,14 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(r.get(k, "")).rjust(widths[k]) for k in cols))
 
 
+def _mooncake_available() -> bool:
+    try:
+        from poolnode.mooncake import find_master_binary
+    except ImportError:
+        return False
+    return find_master_binary() is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: runs the sweep, prints the relief table, writes CSVs and the plot."""
     ap = argparse.ArgumentParser(
@@ -514,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-mbit", type=float, default=2.0, help="pool link rate (see docs)")
     ap.add_argument("--host-mbit", type=float, default=20.0, help="GPU host link rate")
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
+    ap.add_argument(
+        "--pool-backend",
+        choices=["auto", "mooncake", "memory"],
+        default="auto",
+        help="the pool node's store: Mooncake Store (auto: where mooncake_master is installed)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.hosts.split(",")]
@@ -531,8 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         host_link=LinkSpec(bw_mbit=args.host_mbit),
         pool_link=LinkSpec(bw_mbit=args.pool_mbit),
     )
+    pool_backend = args.pool_backend
+    if pool_backend == "auto":
+        pool_backend = "mooncake" if _mooncake_available() else "memory"
     print(
-        f"incast: switch={switch_cls.kind} N={ns} prefix={args.prefix_kib} KiB "
+        f"incast: switch={switch_cls.kind} pool={pool_backend} N={ns} prefix={args.prefix_kib} KiB "
         f"modes={args.modes} pool link {args.pool_mbit} Mbit/s, host links "
         f"{args.host_mbit} Mbit/s, FRAG_BYTES={c.FRAG_BYTES}",
         flush=True,
@@ -545,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes,
         args.repeats,
         progress=lambda s: print(s, flush=True),
+        pool_backend=pool_backend,
     )
     paths = write_outputs(results, args.out)
     print()
