@@ -161,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with contextlib.ExitStack() as stack:
         backend: PoolBackend
+        master_addr: str | None = None
         try:
             if args.backend == "memory":
                 backend = InMemoryBackend()
@@ -205,7 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.preload:
             total = sum(p.nbytes for p in args.preload)
             print(f"poolnode preloaded chunks={len(args.preload)} bytes={total}", flush=True)
-        print(f"poolnode listening host={host} port={port} backend={args.backend}", flush=True)
+        where = f" master={master_addr}" if args.backend == "mooncake" else ""
+        print(
+            f"poolnode listening host={host} port={port} backend={args.backend}{where}",
+            flush=True,
+        )
         server.serve_forever()
         stats = " ".join(f"{k}={v}" for k, v in server.stats.as_dict().items())
         print(f"poolnode stats {stats}", flush=True)
