@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import array
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,22 +32,11 @@ from tests.conformance.vectors import (
     TENANT,
     VIP,
     host_frame,
-    program_switch,
 )
 from tests.refswitch.test_pipeline_fuzz import _mutant, _seeds
 
 PORTS = [*HOSTS, POOL_PORT]
 T_CACHE = c.TABLE_INGRESS_CACHE_CACHE_TABLE
-
-
-@pytest.fixture(scope="module")
-def target() -> Iterator[InProcessRefTarget]:
-    t = InProcessRefTarget()
-    try:
-        program_switch(t.client)
-        yield t
-    finally:
-        t.close()
 
 
 def _counters(t: InProcessRefTarget) -> list[Any]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,21 +30,10 @@ from tests.conformance.vectors import (
     VIP,
     host_frame,
     pool_frame,
-    program_switch,
 )
 
 PORTS = [*HOSTS, POOL_PORT]
 N_RANDOM = 12_000
-
-
-@pytest.fixture(scope="module")
-def target() -> Iterator[InProcessRefTarget]:
-    t = InProcessRefTarget()
-    try:
-        program_switch(t.client)
-        yield t
-    finally:
-        t.close()
 
 
 def _totals(t: InProcessRefTarget) -> tuple[int, int]:
