@@ -25,7 +25,8 @@ A complete example (only ``switches`` is required; every other setting has a def
       name: kvcast
       params: {hysteresis: 0.25}
       dry_run: false                   # true: decide and count, never touch the cache
-      min_accesses: 1                  # reports of a chunk before the policy hears of it
+      min_accesses: 1                  # reports of a chunk before the policy hears of it,
+                                       # or auto: learned from the reports (admission.py)
     sram_budget_bytes: 2097152         # default and maximum: NUM_FRAG_SLOTS * FRAG_BYTES
     tick_s: 1.0
     sketch: {window_s: 10.0, threshold: 8}
@@ -59,7 +60,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -195,13 +196,15 @@ class PolicySpec:
             at once). With 2, a chunk used once is never loaded: the daemon holds its first
             access back and hands both to the policy at the second (a doorkeeper in front of
             any policy, as TinyLFU's); SRAM loads, which cost pool reads and WRITE packets,
-            then go only to chunks that were reused.
+            then go only to chunks that were reused. ``"auto"``: the bar is learned from the
+            reports, as the smallest use count after which a chunk is, on average, used more
+            than once more, so that its load pays (``controlplane.admission``).
     """
 
     name: str = "kvcast"
     params: Mapping[str, Any] = field(default_factory=dict)
     dry_run: bool = False
-    min_accesses: int = 1
+    min_accesses: int | Literal["auto"] = 1
 
 
 @dataclass(frozen=True)
@@ -489,7 +492,10 @@ def _policy(raw: object, budget: int) -> PolicySpec:
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise ConfigError("policy.params: expected a mapping of parameter names to values")
     dry_run = _bool(s.take("dry_run", False), s.at("dry_run"))
-    min_accesses = _int(s.take("min_accesses", 1), s.at("min_accesses"), 1, 64)
+    raw_min = s.take("min_accesses", 1)
+    min_accesses: int | Literal["auto"] = (
+        "auto" if raw_min == "auto" else _int(raw_min, s.at("min_accesses"), 1, 64)
+    )
     s.done()
     if name not in available_policies(include_offline=False):
         known = ", ".join(available_policies(include_offline=False))

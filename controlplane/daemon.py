@@ -72,6 +72,7 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from controlplane.admission import ReuseAdmission
 from controlplane.chunksource import (
     ChunkNotFoundError,
     ChunkSource,
@@ -200,6 +201,13 @@ class ControllerMetrics:
         )
         self.reports = Counter(
             p + "reports_received", "Access records accepted by the report API", registry=r
+        )
+        self.min_accesses = Gauge(
+            p + "min_accesses",
+            "Reported uses a chunk needs before the policy hears of it (policy.min_accesses, "
+            "or the learned bar with auto)",
+            ["switch"],
+            registry=r,
         )
         self.stored = Counter(
             p + "chunks_stored_reported",
@@ -453,6 +461,8 @@ class SwitchRuntime:
         # The doorkeeper (policy.min_accesses): accesses held back, and keys let through.
         self.held: collections.OrderedDict[int, list[Access]] = collections.OrderedDict()
         self.passed: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # What the reports say about reuse (the bar of min_accesses: auto).
+        self.admission = ReuseAdmission(max_keys=_MAX_TRACKED_KEYS)
         self.last_tick: TickSummary | None = None
         metrics.connected.labels(spec.name).set_function(lambda: float(self.client.is_ready))
         metrics.sram_budget.labels(spec.name).set(config.sram_budget_bytes)
@@ -858,7 +868,11 @@ class Controller:
 
     def _doorkeeper(self, rt: SwitchRuntime, reported: list[Access]) -> list[Access]:
         """Holds reported accesses of a chunk back until it has ``policy.min_accesses``."""
-        need = self.config.policy.min_accesses
+        for a in reported:
+            rt.admission.observe(a.key)
+        setting = self.config.policy.min_accesses
+        need = rt.admission.threshold() if setting == "auto" else setting
+        self.metrics.min_accesses.labels(rt.name).set(need)
         if need <= 1:
             return reported
         out: list[Access] = []

@@ -432,7 +432,7 @@ def controller_config(
     max_loads_per_tick: int,
     sram_budget_bytes: int | None,
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int = 1,
+    min_accesses: int | str = 1,
 ) -> dict[str, Any]:
     """The daemon's configuration for one run (a mapping to dump as YAML).
 
@@ -447,7 +447,7 @@ def controller_config(
         max_loads_per_tick: admissions applied per tick.
         sram_budget_bytes: SRAM budget, or None for all of it.
         policy_params: the policy's parameters.
-        min_accesses: reports of a chunk before the policy hears of it.
+        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
 
     Returns:
         The configuration.
@@ -582,7 +582,7 @@ def run_replay(
     block_bytes: int,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int = 1,
+    min_accesses: int | str = 1,
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -600,7 +600,7 @@ def run_replay(
         block_bytes: bytes per block.
         policy: controller policy name.
         policy_params: its parameters.
-        min_accesses: reports of a chunk before the policy hears of it.
+        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
         tick_s: controller tick period.
         max_loads_per_tick: controller admissions per tick.
         sram_budget_bytes: SRAM budget (None: all of it).
@@ -741,7 +741,7 @@ def run_experiment(
     host_mbit: float | None = 20.0,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int = 1,
+    min_accesses: int | str = 1,
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -760,7 +760,7 @@ def run_experiment(
         host_mbit: host link rate (None: unshaped).
         policy: controller policy.
         policy_params: its parameters.
-        min_accesses: reports of a chunk before the policy hears of it.
+        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
         tick_s: controller tick period.
         max_loads_per_tick: controller admissions per tick.
         sram_budget_bytes: SRAM budget (None: all).
@@ -988,9 +988,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--min-accesses",
-        type=int,
+        type=lambda v: v if v == "auto" else int(v),
         default=1,
-        help="reports of a chunk before the controller's policy hears of it (2: reused only)",
+        help="reports of a chunk before the controller's policy hears of it (2: reused only; "
+        "auto: learned from the reports)",
     )
     ap.add_argument("--tick", type=float, default=0.5, help="controller tick period, s")
     ap.add_argument("--max-loads-per-tick", type=int, default=64)

@@ -348,6 +348,30 @@ def test_min_accesses_keeps_chunks_used_once_out_of_the_policy(env: Env) -> None
     run(main())
 
 
+def test_learned_admission_holds_one_off_chunks_back_once_the_reports_say_so(env: Env) -> None:
+    config = env.config(policy={"name": "kvcast", "min_accesses": "auto"})
+
+    async def main() -> None:
+        ctl = await started(config)
+        rt = ctl.switches["s1"]
+        try:
+            await post(ctl, report(KEYS["A"]))  # nothing learned yet: admitted at once
+            assert (await ctl.tick())["s1"].loaded == 1
+            assert sample(ctl, "kvcast_controller_min_accesses", switch="s1") == 1
+            # The reports then show 300 chunks used once and none used again: a load would
+            # never pay, so new chunks are held back.
+            for key in range(300):
+                rt.admission.observe(0x7000 + key)
+            await post(ctl, report(KEYS["B"], hit=None))
+            summary = (await ctl.tick())["s1"]
+            assert summary.accesses == {} and KEYS["B"] not in cache_keys(env.sw)
+            assert sample(ctl, "kvcast_controller_min_accesses", switch="s1") > 1
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
 def test_a_failing_policy_is_logged_as_a_tick_error_and_the_next_tick_recovers(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -129,6 +129,7 @@ def test_unknown_settings_are_errors_with_a_suggestion() -> None:
         (with_(policy={"params": {"capacity_bytes": 5}}), "set sram_budget_bytes instead"),
         (with_(policy={"dry_run": "yes"}), "policy.dry_run: expected true or false"),
         (with_(policy={"min_accesses": 0}), "policy.min_accesses: 0 is outside 1..64"),
+        (with_(policy={"min_accesses": "often"}), "policy.min_accesses: expected an integer"),
         (with_(sram_budget_bytes=SRAM_BYTES + 1), "sram_budget_bytes"),
         (with_(tick_s=0), "tick_s: expected a positive finite number"),
         (with_(sketch={"threshold": 0}), "sketch.threshold"),
