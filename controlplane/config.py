@@ -25,8 +25,8 @@ A complete example (only ``switches`` is required; every other setting has a def
       name: kvcast
       params: {hysteresis: 0.25}
       dry_run: false                   # true: decide and count, never touch the cache
-      min_accesses: 1                  # reports of a chunk before the policy hears of it,
-                                       # or auto: learned from the reports (admission.py)
+      min_accesses: auto               # reports of a chunk before the policy hears of it:
+                                       # learned from the reports (admission.py), or a number
     sram_budget_bytes: 2097152         # default and maximum: NUM_FRAG_SLOTS * FRAG_BYTES
     tick_s: 1.0
     sketch: {window_s: 10.0, threshold: 8}
@@ -198,13 +198,14 @@ class PolicySpec:
             any policy, as TinyLFU's); SRAM loads, which cost pool reads and WRITE packets,
             then go only to chunks that were reused. ``"auto"``: the bar is learned from the
             reports, as the smallest use count after which a chunk is, on average, used more
-            than once more, so that its load pays (``controlplane.admission``).
+            than once more, so that its load pays (``controlplane.admission``); the default.
+            Until 100 chunks have been reported it admits from the first use.
     """
 
     name: str = "kvcast"
     params: Mapping[str, Any] = field(default_factory=dict)
     dry_run: bool = False
-    min_accesses: int | Literal["auto"] = 1
+    min_accesses: int | Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -492,7 +493,7 @@ def _policy(raw: object, budget: int) -> PolicySpec:
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise ConfigError("policy.params: expected a mapping of parameter names to values")
     dry_run = _bool(s.take("dry_run", False), s.at("dry_run"))
-    raw_min = s.take("min_accesses", 1)
+    raw_min = s.take("min_accesses", "auto")
     min_accesses: int | Literal["auto"] = (
         "auto" if raw_min == "auto" else _int(raw_min, s.at("min_accesses"), 1, 64)
     )

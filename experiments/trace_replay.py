@@ -432,7 +432,7 @@ def controller_config(
     max_loads_per_tick: int,
     sram_budget_bytes: int | None,
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int | str = 1,
+    min_accesses: int | str = "auto",
 ) -> dict[str, Any]:
     """The daemon's configuration for one run (a mapping to dump as YAML).
 
@@ -582,7 +582,7 @@ def run_replay(
     block_bytes: int,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int | str = 1,
+    min_accesses: int | str = "auto",
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -741,7 +741,7 @@ def run_experiment(
     host_mbit: float | None = 20.0,
     policy: str = "kvcast",
     policy_params: dict[str, Any] | None = None,
-    min_accesses: int | str = 1,
+    min_accesses: int | str = "auto",
     tick_s: float = 0.5,
     max_loads_per_tick: int = 64,
     sram_budget_bytes: int | None = None,
@@ -989,7 +989,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--min-accesses",
         type=lambda v: v if v == "auto" else int(v),
-        default=1,
+        default="auto",
         help="reports of a chunk before the controller's policy hears of it (2: reused only; "
         "auto: learned from the reports)",
     )
