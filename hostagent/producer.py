@@ -117,6 +117,7 @@ class Producer:
         self.reporter = reporter
         self.host = socket.gethostname() if host is None else host
         self.skip_present = skip_present
+        self._pool_error = False
 
     def full_blocks(self, token_ids: Sequence[int]) -> int:
         """How many full blocks (chunks with a key) ``token_ids`` has."""
@@ -208,6 +209,7 @@ class Producer:
         start = time.monotonic()
         report = PublishReport(blocks=len(chunks))
         todo: list[tuple[ChunkKey, torch.Tensor]] = []
+        self._pool_error = False
         for ck, chunk in zip(ckeys, chunks, strict=False):
             if self.skip_present and self._holds(ck.key):
                 report.present += 1
@@ -221,9 +223,18 @@ class Producer:
         return report
 
     def _holds(self, key: int) -> bool:
+        """Whether the pool holds ``key``; False without asking once a check has failed.
+
+        A pool that does not answer (its master gone) takes an RPC timeout per question, so
+        after the first failure the rest are taken as absent: putting a present key is a no-op,
+        and a put to a dead pool fails fast.
+        """
+        if self._pool_error:
+            return False
         try:
             return self.backend.contains(self.tenant, key)
-        except PoolBackendError as exc:  # unknown: put it (a put of a present key is a no-op)
+        except PoolBackendError as exc:
+            self._pool_error = True
             _LOG.info("pool existence check of chunk %#x failed: %s", key, exc)
             return False
 

@@ -161,3 +161,27 @@ def test_publish_into_mooncake_store_with_batch_put_from(mooncake: PoolBackend) 
         assert mooncake.get(TENANT, key) == block_from_kv(LAYOUT, keys, values, b).numpy().tobytes()
     again = producer(mooncake).publish_kv(PROMPT, keys, values)
     assert (again.present, again.stored) == (3, 0)
+
+
+def test_a_dead_mooncake_master_is_a_counted_failure_not_a_hang() -> None:
+    try:
+        from poolnode.mooncake import MooncakeBackend, MooncakeMaster, find_master_binary
+    except ImportError as exc:  # pragma: no cover - the dev install has it
+        pytest.skip(f"Mooncake Store not importable: {exc}")
+    if find_master_binary() is None:
+        pytest.skip("mooncake_master not found (pip install mooncake-transfer-engine-non-cuda)")
+    master = MooncakeMaster().start()
+    backend = MooncakeBackend(
+        master.address, global_segment_size=16 << 20, local_buffer_size=4 << 20
+    )
+    try:
+        master.stop()  # the pool's master dies after the host connected
+        sink = InMemorySink()
+        keys, values = kv(len(PROMPT), seed=3)
+        report = producer(backend, sink).publish_kv(PROMPT, keys, values)
+        assert (report.stored, report.failed, report.reported) == (0, 3, 0)
+        assert "RPC_FAIL" in report.error and sink.entries == []
+        # One existence check and the put reach the dead master; the rest are not asked.
+        assert report.duration_s < 15
+    finally:
+        backend.close()
