@@ -54,6 +54,7 @@ from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_c
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from poolnode.mooncake import find_master_binary
 
 TENANT = 7
 SEED = 20261122
@@ -533,14 +534,6 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(r.get(k, "")).rjust(widths[k]) for k in cols))
 
 
-def _mooncake_available() -> bool:
-    try:
-        from poolnode.mooncake import find_master_binary
-    except ImportError:
-        return False
-    return find_master_binary() is not None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line: runs the sweep, prints the relief table, writes CSVs and the plot."""
     ap = argparse.ArgumentParser(
@@ -578,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     pool_backend = args.pool_backend
     if pool_backend == "auto":
-        pool_backend = "mooncake" if _mooncake_available() else "memory"
+        pool_backend = "mooncake" if find_master_binary() else "memory"
     print(
         f"incast: switch={switch_cls.kind} pool={pool_backend} N={ns} prefix={args.prefix_kib} KiB "
         f"modes={args.modes} pool link {args.pool_mbit} Mbit/s, host links "

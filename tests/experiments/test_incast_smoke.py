@@ -15,6 +15,7 @@ import pytest
 
 from emulation.switches import RefSwitch
 from emulation.topo import ClusterSpec, LinkSpec
+from tests.poolnode.conftest import MOONCAKE_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -28,13 +29,13 @@ def results() -> dict[str, object]:
         pytest.skip("Mininet needs root (network namespaces, veth, tc)")
     if shutil.which("mnexec") is None:
         pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
-    from experiments.incast import _mooncake_available, run_sweep
+    from experiments.incast import run_sweep
 
     spec = ClusterSpec(
         n_hosts=N, n_pools=1, host_link=LinkSpec(bw_mbit=200), pool_link=LinkSpec(bw_mbit=20)
     )
     # The pool node as `make demo` runs it: Mooncake Store where it is installed.
-    backend = "mooncake" if _mooncake_available() else "memory"
+    backend = "memory" if MOONCAKE_MISSING else "mooncake"
     got = run_sweep(
         spec, RefSwitch, ["a", "b", "c", "d"], [N], [PREFIX], repeats=1,
         progress=lambda _s: None, pool_backend=backend,

@@ -14,6 +14,8 @@ import shutil
 
 import pytest
 
+from tests.poolnode.conftest import MOONCAKE_MISSING
+
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
@@ -22,10 +24,8 @@ def test_a_prefix_one_host_publishes_reaches_the_others_through_switch_and_moonc
         pytest.skip("Mininet needs root (network namespaces, veth, tc)")
     if shutil.which("mnexec") is None:
         pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
-    from experiments.incast import _mooncake_available
-
-    if not _mooncake_available():
-        pytest.skip("Mooncake Store not installed: mooncake_master not found (make setup)")
+    if MOONCAKE_MISSING:
+        pytest.skip(MOONCAKE_MISSING)
     from experiments.prefix_share import KEYER, PROMPT, run
 
     produced, *consumed = run(n_hosts=3)

@@ -51,7 +51,6 @@ from kvcast import p4constants as c  # noqa: E402
 from poolnode.backend import InMemoryBackend, PoolBackend  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
-from tests.poolnode.conftest import MOONCAKE_MISSING  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -161,20 +160,6 @@ def memory_pool() -> Iterator[tuple[InMemoryBackend, PoolServer]]:
     backend = InMemoryBackend()
     with PoolServer(backend, "127.0.0.1", 0) as server:
         yield backend, server
-
-
-@pytest.fixture(scope="module")
-def mooncake_store() -> Iterator[PoolBackend]:
-    if MOONCAKE_MISSING:
-        pytest.skip(MOONCAKE_MISSING)
-    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
-
-    with MooncakeMaster() as master:
-        backend = MooncakeBackend(
-            master.address, global_segment_size=32 << 20, local_buffer_size=8 << 20
-        )
-        yield backend
-        backend.close()
 
 
 def host_b_fetch(a: HostA, client: FetchClient) -> tuple[list[torch.Tensor], list[Any]]:

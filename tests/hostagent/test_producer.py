@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from hostagent.layout import KVLayout, LayoutError, block_from_kv, scatter_to_pa
 from hostagent.producer import Producer, ProducerError
 from hostagent.reports import InMemorySink
 from poolnode.backend import BytesLike, InMemoryBackend, PoolBackend, PoolBackendError
+from tests.poolnode.conftest import MOONCAKE_MISSING
 
 TENANT = 4
 BLOCK = 4
@@ -136,23 +137,8 @@ def test_a_broken_report_sink_never_fails_the_publish() -> None:
     assert report.stored == 3 and report.reported == 0 and len(backend) == 3
 
 
-@pytest.fixture(scope="module")
-def mooncake() -> Iterator[PoolBackend]:
-    try:
-        from poolnode.mooncake import MooncakeBackend, MooncakeMaster, find_master_binary
-    except ImportError as exc:  # pragma: no cover - the dev install has it
-        pytest.skip(f"Mooncake Store not importable: {exc}")
-    if find_master_binary() is None:
-        pytest.skip("mooncake_master not found (pip install mooncake-transfer-engine-non-cuda)")
-    with MooncakeMaster() as master:
-        backend = MooncakeBackend(
-            master.address, global_segment_size=16 << 20, local_buffer_size=4 << 20
-        )
-        yield backend
-        backend.close()
-
-
-def test_publish_into_mooncake_store_with_batch_put_from(mooncake: PoolBackend) -> None:
+def test_publish_into_mooncake_store_with_batch_put_from(mooncake_store: PoolBackend) -> None:
+    mooncake = mooncake_store
     sink = InMemorySink()
     keys, values = kv(len(PROMPT), seed=9)
     report = producer(mooncake, sink).publish_kv(PROMPT, keys, values)
@@ -164,12 +150,10 @@ def test_publish_into_mooncake_store_with_batch_put_from(mooncake: PoolBackend) 
 
 
 def test_a_dead_mooncake_master_is_a_counted_failure_not_a_hang() -> None:
-    try:
-        from poolnode.mooncake import MooncakeBackend, MooncakeMaster, find_master_binary
-    except ImportError as exc:  # pragma: no cover - the dev install has it
-        pytest.skip(f"Mooncake Store not importable: {exc}")
-    if find_master_binary() is None:
-        pytest.skip("mooncake_master not found (pip install mooncake-transfer-engine-non-cuda)")
+    if MOONCAKE_MISSING:
+        pytest.skip(MOONCAKE_MISSING)
+    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
+
     master = MooncakeMaster().start()
     backend = MooncakeBackend(
         master.address, global_segment_size=16 << 20, local_buffer_size=4 << 20
