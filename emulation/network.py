@@ -24,7 +24,10 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -244,3 +247,43 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+    @contextlib.contextmanager
+    def serve(
+        self, node: str, cmd: list[str], ready: str, timeout_s: float = 120.0, **kwargs: Any
+    ) -> Iterator[re.Match[str]]:
+        """Runs a server in a node's namespace once it says it is ready; stops it at block exit.
+
+        Its output goes to a log file (a pipe nobody reads would stop a chatty server once
+        full), which is deleted when the block ends normally and kept, its path in the error,
+        when it does not.
+
+        Args:
+            node: the node.
+            cmd: the command.
+            ready: a regular expression the server prints once it serves.
+            timeout_s: how long to wait for it.
+            **kwargs: more ``Popen`` arguments (``cwd``, ``env``).
+
+        Yields:
+            The match of ``ready`` in the server's output.
+
+        Raises:
+            RuntimeError: the server exited or stayed silent for ``timeout_s`` (with its log).
+        """
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"kvcast-{node}-", suffix=".log", delete=False
+        ) as log:
+            path = Path(log.name)
+            with self.popen(node, cmd, stdout=log, stderr=subprocess.STDOUT, **kwargs) as proc:
+                deadline = time.monotonic() + timeout_s
+                while (match := re.search(ready, path.read_text(errors="replace"))) is None:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        tail = path.read_text(errors="replace")[-2000:]
+                        raise RuntimeError(
+                            f"{cmd[:3]} on {node} did not start (exit {proc.poll()}); "
+                            f"log {path}:\n{tail}"
+                        )
+                    time.sleep(0.2)
+                yield match
+        path.unlink()

@@ -40,7 +40,6 @@ import select
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -342,19 +341,6 @@ def _synthetic(key: int, nbytes: int) -> bytes:
     return synthetic_chunk(TENANT, key, nbytes, SEED)
 
 
-def _wait_listening(proc: subprocess.Popen[Any], log: Path, timeout_s: float = 120.0) -> None:
-    """Waits for the pool node's ``poolnode listening`` line in its log file."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if "poolnode listening" in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    tail = log.read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"the pool node did not start (exit {proc.poll()}); log {log}:\n{tail}")
-
-
 def run_sweep(
     spec: ClusterSpec,
     switch_cls: type[P4Switch],
@@ -396,16 +382,7 @@ def run_sweep(
             pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
         else:
             pool_cmd += ["--backend", "memory"]
-        # The pool node's output goes to a file: Mooncake logs a lot, and a pipe nobody reads
-        # would stop it once full.
-        pool_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the whole sweep
-            "w+", prefix="kvcast-incast-pool-", suffix=".log", delete=False
-        )
-        with (
-            pool_log,
-            cluster.popen(pool.name, pool_cmd, stdout=pool_log, stderr=subprocess.STDOUT) as proc,
-        ):
-            _wait_listening(proc, Path(pool_log.name))
+        with cluster.serve(pool.name, pool_cmd, "poolnode listening"):
             progress(f"pool node ({pool_backend}) ready")
             t0 = time.time()
             for done, (size, n, m, rep) in enumerate(points, 1):
@@ -418,7 +395,6 @@ def run_sweep(
                     f"max={s['max_s']:.3f}s p50={s['p50_s']:.3f}s "
                     f"pool_tx={s['pool_tx_over_prefix']:.2f}x ok={s['ok_hosts']}/{n}"
                 )
-    Path(pool_log.name).unlink()  # kept when anything above raised: its path is in the error
     return results
 
 

@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -157,25 +154,15 @@ def run(n_hosts: int = 3, timeout_s: float = 180.0) -> list[dict[str, Any]]:
     )
     me = [sys.executable, "-m", "experiments.prefix_share"]
     records: list[dict[str, Any]] = []
-    with Cluster(spec, RefSwitch) as cluster, tempfile.TemporaryDirectory() as tmp:
+    with Cluster(spec, RefSwitch) as cluster:
         pool, hosts = cluster.pools()[0], cluster.hosts()
-        log = Path(tmp) / "pool.log"
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
             "--local-hostname", pool.ip, "--segment-mib", "64", "--port", str(c.KVP_UDP_PORT),
         ]  # fmt: skip
-        with (
-            log.open("w") as f,
-            cluster.popen(pool.name, pool_cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO),
-        ):
-            deadline = time.monotonic() + timeout_s
-            while (
-                match := re.search(r"poolnode listening .*master=(\S+)", log.read_text())
-            ) is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("pool node did not start: " + log.read_text()[-2000:])
-                time.sleep(0.2)
-            master = match.group(1)
+        ready = r"poolnode listening .*master=(\S+)"
+        with cluster.serve(pool.name, pool_cmd, ready, timeout_s, cwd=REPO) as listening:
+            master = listening.group(1)
 
             def step(host: str, *argv: str) -> dict[str, Any]:
                 proc = cluster.host(host).popen(
