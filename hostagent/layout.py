@@ -224,6 +224,17 @@ class KVLayout:
             )
         return kv.view(-1).view(torch.uint8)
 
+    def check_block_size(self, block_size: int) -> None:
+        """Checks that chunk keys made for ``block_size``-token blocks fit this layout.
+
+        Raises:
+            LayoutError: ``block_size`` is not this layout's.
+        """
+        if block_size != self.block_size:
+            raise LayoutError(
+                f"keyer block size {block_size} != layout block size {self.block_size}"
+            )
+
     def check_chunk(self, chunk: torch.Tensor) -> None:
         """Checks that ``chunk`` can hold this layout's bytes.
 

@@ -82,16 +82,13 @@ class PrefixFetcher:
         tenant: tenant id on the wire.
 
     Raises:
-        ValueError: the keyer's block size is not the layout's.
+        LayoutError: the keyer's block size is not the layout's.
     """
 
     def __init__(
         self, client: FetchClient, layout: KVLayout, keyer: ChunkKeyer, tenant: int
     ) -> None:
-        if keyer.block_size != layout.block_size:
-            raise ValueError(
-                f"keyer block size {keyer.block_size} != layout block size {layout.block_size}"
-            )
+        layout.check_block_size(keyer.block_size)
         self.client = client
         self.layout = layout
         self.keyer = keyer

@@ -92,7 +92,7 @@ class Producer:
         skip_present: ask the pool which chunks it holds first and put only the others.
 
     Raises:
-        ValueError: the keyer's block size is not the layout's.
+        LayoutError: the keyer's block size is not the layout's.
     """
 
     def __init__(
@@ -106,10 +106,7 @@ class Producer:
         host: str | int | None = None,
         skip_present: bool = True,
     ) -> None:
-        if keyer.block_size != layout.block_size:
-            raise ValueError(
-                f"keyer block size {keyer.block_size} != layout block size {layout.block_size}"
-            )
+        layout.check_block_size(keyer.block_size)
         self.backend = backend
         self.layout = layout
         self.keyer = keyer
