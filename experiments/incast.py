@@ -34,7 +34,6 @@ Functions:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import select
 import statistics
@@ -51,6 +50,7 @@ from finsy.proto import p4r
 from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
+from experiments.output import pyplot, write_csv
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from poolnode.mooncake import find_master_binary
@@ -405,28 +405,14 @@ def write_outputs(results: list[PointResult], out: Path) -> dict[str, Path]:
     host_rows = [
         {"mode": r.mode, "n": r.n, "prefix_bytes": r.nbytes, **h} for r in results for h in r.hosts
     ]
-    _write_csv(paths["hosts"], host_rows)
-    _write_csv(paths["summary"], [r.summary() for r in results])
+    write_csv(paths["hosts"], host_rows)
+    write_csv(paths["summary"], [r.summary() for r in results])
     _plot(results, paths["plot"])
     return paths
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    cols: list[str] = []
-    for row in rows:
-        cols += [k for k in row if k not in cols]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _plot(results: list[PointResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = sorted({r.nbytes for r in results})
     fig, axes = plt.subplots(len(sizes), 2, figsize=(11, 3.8 * len(sizes)), squeeze=False)
     for row, size in enumerate(sizes):

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import hashlib
 import json
 import os
@@ -83,6 +82,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controlplane.reports import AccessReport, ReportClient
+from experiments.output import pyplot, write_csv
 from kvcast import p4constants as c
 
 if TYPE_CHECKING:
@@ -883,28 +883,14 @@ def write_outputs(results: dict[str, RunResult], out: Path) -> dict[str, Path]:
         "summary": out / "summary.csv",
         "plot": out / "trace_replay.png",
     }
-    _write_csv(paths["requests"], [{"run": n, **row} for n, r in results.items() for row in r.rows])
-    _write_csv(paths["summary"], [r.summary() for r in results.values()])
+    write_csv(paths["requests"], [{"run": n, **row} for n, r in results.items() for row in r.rows])
+    write_csv(paths["summary"], [r.summary() for r in results.values()])
     _plot(results, paths["plot"])
     return paths
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    cols: list[str] = []
-    for row in rows:
-        cols += [k for k in row if k not in cols]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _plot(results: dict[str, RunResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
     for name, r in results.items():
         xs = [row["index"] for row in r.rows]

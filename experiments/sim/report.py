@@ -6,8 +6,7 @@ Result lines are parseable: ``result <experiment> key=value ...`` with values fr
 Functions:
     result_line: format (and print) one result line.
     parse_result: split a result line into its experiment and fields.
-    write_csv: write rows of dicts (columns in first-seen order).
-    pyplot: matplotlib's pyplot on the non-interactive Agg backend.
+    write_csv, pyplot: re-exported from ``experiments.output``.
     add_common_args: ``--out`` and ``--quick`` for every experiment's command line.
     describe: a one-line summary of a configuration for the log.
 """
@@ -15,11 +14,9 @@ Functions:
 from __future__ import annotations
 
 import argparse
-import csv
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
+from experiments.output import pyplot, write_csv
 from experiments.sim.cluster import ClusterConfig
 
 __all__ = [
@@ -78,38 +75,6 @@ def parse_result(line: str) -> tuple[str, dict[str, str]] | None:
         return None
     fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
     return words[1], fields
-
-
-def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write rows to a CSV file, creating its directory.
-
-    Args:
-        path: the file.
-        rows: dicts; the header is the union of keys in first-seen order.
-
-    Returns:
-        The path.
-    """
-    rows = list(rows)
-    cols: list[str] = []
-    for row in rows:
-        cols += [k for k in row if k not in cols]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    return path
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def add_common_args(ap: argparse.ArgumentParser, default_out: Path) -> None:
