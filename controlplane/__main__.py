@@ -63,10 +63,10 @@ def _local(listen: ListenAddress) -> str:
 def _summary(config: DaemonConfig) -> str:
     lines = [f"configuration {config.source} is valid:"]
     for s in config.switches:
-        dc = s.device_config or "none (reference target)"
+        dc = s.device_config or "none"
         lines.append(
-            f"  switch {s.name}: {s.address} device {s.device_id} election {s.election_id} "
-            f"device_config {dc}; {len(config.hosts_of(s.name))} hosts, "
+            f"  switch {s.name}: {s.address} ({s.target.value}) device {s.device_id} "
+            f"election {s.election_id} device_config {dc}; {len(config.hosts_of(s.name))} hosts, "
             f"{len(config.pools_of(s.name))} pools"
         )
     lines.append(

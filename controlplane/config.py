@@ -12,7 +12,10 @@ A complete example (only ``switches`` is required; every other setting has a def
         address: 127.0.0.1:9559        # P4Runtime server
         device_id: 1
         election_id: 20                # highest connected id is primary
-        device_config: null            # BMv2: p4src/build/kvcast.json; reference target: null
+        target: reference              # reference | bmv2 | tofino (default: bmv2 when a
+                                       # device_config is given, else reference)
+        device_config: null            # BMv2: p4src/build/kvcast.json; Tofino (Stratum): the
+                                       # compiler's kvcast.conf; reference target: null
         router_mac: "02:00:00:00:00:fe"
         program_forwarding: true       # routes, L2 entries, port roles for hosts and pools
         epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
@@ -66,6 +69,7 @@ import yaml
 
 from controlplane.errors import ConfigError
 from controlplane.policies import PolicyConfigError, available_policies, make_policy
+from controlplane.targets import Target
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 
@@ -119,7 +123,10 @@ class SwitchSpec:
         election_id: this controller's election id (must exceed every other client's to be
             primary).
         p4info: the P4Info file.
-        device_config: the target's program (BMv2 JSON), or None for the reference target.
+        device_config: the target's program (BMv2 JSON; on Tofino the compiler's ``.conf``),
+            or None for the reference target.
+        target: the kind of switch, which decides how device_config is pushed and how the
+            P4Info's names are read (controlplane.targets).
         router_mac: source MAC the switch writes into routed frames.
         program_forwarding: install routes, L2 entries and port roles for the configured hosts
             and pools (False: another system owns forwarding).
@@ -132,6 +139,7 @@ class SwitchSpec:
     election_id: int = 10
     p4info: Path = DEFAULT_P4INFO
     device_config: Path | None = None
+    target: Target = Target.REFERENCE
     router_mac: str = "02:00:00:00:00:fe"
     program_forwarding: bool = True
     epoch_state_file: Path | None = None
@@ -419,6 +427,19 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
     address = s.take("address", required=True)
     _host_port(address, s.at("address"))
     device_config = s.take("device_config", None)
+    target_name = s.take("target", "reference" if device_config is None else "bmv2")
+    try:
+        target = Target(target_name)
+    except ValueError:
+        raise ConfigError(
+            f"{s.at('target')}: unknown target {target_name!r}; one of "
+            + ", ".join(t.value for t in Target)
+        ) from None
+    if (device_config is None) != (target is Target.REFERENCE):
+        raise ConfigError(
+            f"{s.at('device_config')}: target {target.value} "
+            + ("takes no device_config" if target is Target.REFERENCE else "needs a device_config")
+        )
     state = s.take("epoch_state_file", None)
     spec = SwitchSpec(
         name=name,
@@ -429,6 +450,7 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
         device_config=None
         if device_config is None
         else _path(device_config, s.at("device_config"), base, must_exist=True),
+        target=target,
         router_mac=_mac(s.take("router_mac", "02:00:00:00:00:fe"), s.at("router_mac")),
         program_forwarding=_bool(s.take("program_forwarding", True), s.at("program_forwarding")),
         epoch_state_file=None

@@ -423,6 +423,7 @@ class SwitchRuntime:
                 address=spec.address,
                 p4info=spec.p4info,
                 device_config=spec.device_config or b"",
+                target=spec.target,
                 device_id=spec.device_id,
                 election_id=spec.election_id,
             )

@@ -62,6 +62,7 @@ from controlplane.errors import (
     UpdateFailure,
     WriteError,
 )
+from controlplane.targets import Target, device_config_for, local_p4info
 
 _LOG = logging.getLogger(__name__)
 
@@ -189,8 +190,10 @@ class SwitchConfig:
         name: unique name of the switch (logs, errors, SwitchFleet lookups).
         address: ``host:port`` of its P4Runtime server.
         p4info: the P4Info file (p4src/build/kvcast.p4info.txtpb).
-        device_config: the target's program blob: the BMv2 JSON (a path or bytes), or empty
+        device_config: the target's program: a file (the BMv2 JSON; on Tofino the
+            compiler's ``.conf``, packed for Stratum) or the bytes to push as they are; empty
             for the reference target.
+        target: the kind of switch (:class:`controlplane.targets.Target`).
         device_id: P4Runtime device id.
         election_id: this controller's election id; the highest connected one is primary.
         reconnect_initial_s: first wait after a failed or lost connection.
@@ -203,6 +206,7 @@ class SwitchConfig:
     address: str
     p4info: Path
     device_config: Path | bytes = b""
+    target: Target = Target.BMV2
     device_id: int = 1
     election_id: int = 10
     reconnect_initial_s: float = 0.2
@@ -336,12 +340,7 @@ class SwitchClient:
         raw = load_p4info(config.p4info)
         self._p4info = conform_p4info(raw)
         if isinstance(config.device_config, Path):
-            try:
-                self._device_config = config.device_config.read_bytes()
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot read device config {config.device_config}: {exc}"
-                ) from exc
+            self._device_config = device_config_for(config.target, config.device_config)
         else:
             self._device_config = bytes(config.device_config)
         self._cookie = pipeline_cookie(self._p4info, self._device_config)
@@ -350,7 +349,9 @@ class SwitchClient:
         )
         self._switch = fy.Switch(config.name, config.address, options)
         # No p4blob: finsy only reads the switch's pipeline; this layer decides about pushing.
-        self._switch.p4info.set_p4info(self._p4info)
+        # The switch gets the compiler's P4Info; the schema the drivers name entities through
+        # may differ in names only (Tofino's pipeline prefix), never in ids.
+        self._switch.p4info.set_p4info(local_p4info(self._p4info, config.target))
         self._switch.ee.on(fy.SwitchEvent.CHANNEL_READY, self._on_channel_ready)
         self._switch.ee.on(fy.SwitchEvent.CHANNEL_DOWN, self._on_channel_down)
         self._switch.ee.on(fy.SwitchEvent.BECOME_BACKUP, self._on_become_backup)
