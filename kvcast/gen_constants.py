@@ -76,8 +76,10 @@ def parse_sizes(path: Path, include_dir: Path, target_macro: str | None = None) 
     cmd.append(str(path))
     try:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except OSError as exc:
         raise GeneratorError(f"cpp failed on {path}: {exc}") from exc
+    except subprocess.CalledProcessError as exc:
+        raise GeneratorError(f"cpp failed on {path}: {exc.stderr.strip()}") from exc
     return {
         name: int(value, 0) for name, value in _DEFINE_RE.findall(out) if not name.startswith("_")
     }

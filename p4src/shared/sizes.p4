@@ -55,4 +55,20 @@
 #define L2_ENTRIES 1024
 #define PORT_ENTRIES 512
 
+// Sizes that must agree with each other: a wrong combination stops the preprocessor (p4c, and
+// `make constants`, which reads this file through cpp) instead of building a program whose
+// fragments, slot addresses or buckets do not line up.
+#if FRAG_WORDS * WORD_BITS != FRAG_BYTES * 8
+#error "FRAG_BYTES must be FRAG_WORDS words of WORD_BITS bits"
+#endif
+#if (1 << SLOT_ADDR_BITS) != NUM_FRAG_SLOTS
+#error "NUM_FRAG_SLOTS must be 2^SLOT_ADDR_BITS (slot addresses are SLOT_ADDR_BITS wide)"
+#endif
+#if (1 << POOL_BUCKET_BITS) != POOL_BUCKETS
+#error "POOL_BUCKETS must be 2^POOL_BUCKET_BITS"
+#endif
+#if CACHE_ENTRIES > NUM_FRAG_SLOTS
+#error "more cache entries than fragment slots: some entries could never hold a fragment"
+#endif
+
 #endif  // _KVCAST_SIZES_P4_
