@@ -60,7 +60,7 @@ def _workloads(quick: bool) -> list[Workload]:
     if trace is not None:
         out.append(load_mooncake_trace(trace, limit=3000 if quick else None))
     else:
-        print("# conversation trace not found (set KVCAST_TRACE); skipping it", flush=True)
+        print("# no trace: data/traces/ is missing and KVCAST_TRACE unset; skipping it", flush=True)
     n = 3000 if quick else 12000
     out.append(zipf_prefix_workload(n_requests=n))
     out.append(zipf_prefix_workload(n_requests=n, churn_period_s=300.0, name="zipf-churn"))

@@ -38,7 +38,7 @@ def run(quick: bool = False) -> list[str]:
         The printed ``bench sim`` lines (none when the trace is not found).
     """
     if default_trace_path() is None:
-        print("# conversation trace not found (set KVCAST_TRACE); skipping", flush=True)
+        print("# no trace: data/traces/ is missing and KVCAST_TRACE unset; skipping", flush=True)
         return []
     cases = [("llama3-8b", 1.0), ("small-kv4", 1.0), ("llama3-8b", 100.0)]
     if quick:

@@ -988,7 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.trace is None:
-        ap.error("no trace found: pass --trace (or set KVCAST_TRACE)")
+        ap.error("no trace: data/traces/ is missing; pass --trace FILE")
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not runs or any(r not in ("cache-off", "cache-on") for r in runs):
         ap.error("--runs takes cache-off and/or cache-on")

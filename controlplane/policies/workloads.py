@@ -12,7 +12,7 @@ Classes:
     TraceFormatError: a trace file line that cannot be parsed.
 
 Functions:
-    default_trace_path: where the shipped conversation trace is, if anywhere.
+    default_trace_path: the trace to replay: $KVCAST_TRACE, else the one shipped in data/.
     load_mooncake_trace: read a Mooncake-format JSONL trace (timestamp ms, hash_ids).
     zipf_prefix_workload: documents behind shared system prompts, Zipf popularity, optional
         popularity churn, unique per-request suffixes.
@@ -49,28 +49,23 @@ DEFAULT_BLOCK_BYTES = 64 * 1024
 
 
 TRACE_ENV = "KVCAST_TRACE"
-"""Environment variable that names the conversation trace file, overriding the search."""
+"""Environment variable that names another trace file in the same format."""
 
-_TRACE_NAME = Path("traces") / "conversation_trace.jsonl"
+SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "conversation_trace.jsonl"
+"""The Mooncake conversation trace the repository ships (data/README.md says where it is from)."""
 
 
 def default_trace_path() -> Path | None:
-    """Find the Mooncake conversation trace.
+    """The trace the tools replay by default.
 
-    Looks at ``$KVCAST_TRACE``, then ``shared/traces/`` inside the repository, then
-    ``shared/traces/`` next to the repository (the workspace layout).
+    ``$KVCAST_TRACE`` when set, else the conversation trace shipped in ``data/traces/``.
 
     Returns:
-        The path of the first candidate that exists, or None.
+        The path, or None when the file named is missing (a clone without its data).
     """
-    root = Path(__file__).resolve().parents[2]
     env = os.environ.get(TRACE_ENV)
-    candidates = [Path(env)] if env else []
-    candidates += [root / "shared" / _TRACE_NAME, root.parent / "shared" / _TRACE_NAME]
-    for path in candidates:
-        if path.is_file():
-            return path
-    return None
+    path = Path(env) if env else SHIPPED_TRACE
+    return path if path.is_file() else None
 
 
 class TraceFormatError(PolicyError, ValueError):

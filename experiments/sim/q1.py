@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> list[str]:
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
     for wname in args.workloads.split(","):
-        w = make_workload(wname, hosts=args.hosts, quick=args.quick, speedup=args.speedup)
+        w = make_workload(
+            wname, hosts=args.hosts, quick=args.quick, speedup=args.speedup, trace=args.trace
+        )
         print(f"# {w.name}: {len(w.requests)} requests; {w.description}", flush=True)
         uni = ClusterSim(base.with_(fabric="unicast"), w).run()
         mc = ClusterSim(base.with_(fabric="multicast"), w).run()

@@ -75,7 +75,11 @@ def run(args: argparse.Namespace) -> list[str]:
     first = True
     for wname, mapping, hosts in _variants(args):
         w = make_workload(
-            wname, hosts=hosts, quick=args.quick, mapping=mapping if mapping != "-" else "random"
+            wname,
+            hosts=hosts,
+            quick=args.quick,
+            mapping=mapping if mapping != "-" else "random",
+            trace=args.trace,
         )
         grid = [
             (mname, dram, rule)

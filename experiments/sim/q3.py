@@ -116,7 +116,7 @@ def _sram_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, Any
     rows: list[dict[str, Any]] = []
     budgets = [int(float(b) * MIB) for b in args.budgets.split(",")]
     for wname in args.workloads.split(","):
-        w = make_workload(wname, hosts=args.hosts, quick=args.quick)
+        w = make_workload(wname, hosts=args.hosts, quick=args.quick, trace=args.trace)
         for budget in budgets:
             for pol in available_policies(include_offline=False):
                 cfg = ClusterConfig(
@@ -166,7 +166,7 @@ def _demote_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, A
         None if p == "inf" else float(p) for p in args.pool_gib.split(",")
     ]
     for wname in args.workloads.split(","):
-        w = make_workload(wname, hosts=args.demote_hosts, quick=args.quick)
+        w = make_workload(wname, hosts=args.demote_hosts, quick=args.quick, trace=args.trace)
         for pool_gib in pool_sizes:
             for mode in POOL_MODES:
                 cfg = ClusterConfig(

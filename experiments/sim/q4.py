@@ -210,7 +210,9 @@ def _burst_part(
 def _trace_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for speedup in (float(s) for s in args.speedups.split(",")):
-        w = make_workload("conversation", hosts=1024, quick=args.quick, speedup=speedup)
+        w = make_workload(
+            "conversation", hosts=1024, quick=args.quick, speedup=speedup, trace=args.trace
+        )
         for mname in args.models.split(","):
             res = {
                 f: ClusterSim(ClusterConfig(model=MODELS[mname], fabric=f), w).run()

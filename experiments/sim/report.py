@@ -78,7 +78,7 @@ def parse_result(line: str) -> tuple[str, dict[str, str]] | None:
 
 
 def add_common_args(ap: argparse.ArgumentParser, default_out: Path) -> None:
-    """Add ``--out`` and ``--quick``.
+    """Add ``--out``, ``--quick`` and ``--trace``.
 
     Args:
         ap: the parser.
@@ -86,6 +86,13 @@ def add_common_args(ap: argparse.ArgumentParser, default_out: Path) -> None:
     """
     ap.add_argument("--out", type=Path, default=default_out, help=f"default {default_out}")
     ap.add_argument("--quick", action="store_true", help="a small slice, for smoke runs")
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="a Mooncake-format JSONL trace for the conversation workload "
+        "(default: the one shipped in data/traces/, or $KVCAST_TRACE)",
+    )
 
 
 def describe(cfg: ClusterConfig) -> str:

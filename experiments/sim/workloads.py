@@ -193,7 +193,9 @@ def load_trace(
     if path is None:
         path = default_trace_path()
         if path is None:
-            raise FileNotFoundError("conversation trace not found (set KVCAST_TRACE)")
+            raise FileNotFoundError(
+                "conversation trace not found: data/traces/ is missing and KVCAST_TRACE unset"
+            )
     rng = random.Random(seed)
     raw: list[tuple[float, int, tuple[int, ...]]] = []
     with open(path, encoding="utf-8") as fh:
@@ -362,6 +364,7 @@ def make_workload(
     quick: bool = False,
     mapping: str = "random",
     speedup: float = 1.0,
+    trace: Path | None = None,
 ) -> SimWorkload:
     """One of the experiments' named workloads.
 
@@ -375,6 +378,7 @@ def make_workload(
         quick: a small slice for smoke runs.
         mapping: host mapping of the trace (generated workloads carry their own hosts).
         speedup: divide arrival times by this.
+        trace: the trace file of ``conversation`` (default: :func:`default_trace_path`).
 
     Returns:
         The workload.
@@ -383,9 +387,8 @@ def make_workload(
         ValueError: for an unknown name.
     """
     if name == "conversation":
-        return load_trace(hosts=hosts, mapping=mapping, limit=600 if quick else None).sped_up(
-            speedup
-        )
+        limit = 600 if quick else None
+        return load_trace(trace, hosts=hosts, mapping=mapping, limit=limit).sped_up(speedup)
     if name == "zipf":
         return zipf_workload(hosts, n_requests=600 if quick else 12000).sped_up(speedup)
     if name == "agentic":

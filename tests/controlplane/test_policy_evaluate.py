@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from controlplane.policies import (
 )
 from controlplane.policies.evaluate import evaluate, fractional_opt_bytes, opt_result, replay
 from controlplane.policies.workloads import (
+    SHIPPED_TRACE,
+    TRACE_ENV,
     Request,
     TraceFormatError,
     Workload,
@@ -167,13 +170,24 @@ def test_trace_loader_parses_and_rejects_bad_lines(tmp_path: Path) -> None:
         load_mooncake_trace(bad)
 
 
-TRACE = default_trace_path()
+def test_the_conversation_trace_ships_with_the_repository() -> None:
+    assert default_trace_path() == SHIPPED_TRACE or os.environ.get(TRACE_ENV)
+    lines = SHIPPED_TRACE.read_text().splitlines()
+    assert len(lines) == 12031
+    assert json.loads(lines[0])["hash_ids"][0] == 0
 
 
-@pytest.mark.skipif(TRACE is None, reason="conversation_trace.jsonl not found (set KVCAST_TRACE)")
+def test_kvcast_trace_names_another_trace(tmp_path, monkeypatch) -> None:
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
+    monkeypatch.setenv(TRACE_ENV, str(other))
+    assert default_trace_path() == other
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path / "missing.jsonl"))
+    assert default_trace_path() is None
+
+
 def test_smoke_evaluation_on_a_slice_of_the_conversation_trace() -> None:
-    assert TRACE is not None
-    w = load_mooncake_trace(TRACE, limit=400)
+    w = load_mooncake_trace(SHIPPED_TRACE, limit=400)
     results = evaluate(w, ONLINE, [32, 128])
     assert {c.result.policy for c in results} == {*ONLINE, "belady"}
     for c in results:

@@ -9,14 +9,12 @@ from experiments.sim.workloads import (
     SimRequest,
     SimWorkload,
     burst_workload,
-    default_trace_path,
     load_trace,
     make_workload,
     mix64,
 )
 
 needs_cpp = pytest.mark.skipif(shutil.which("cpp") is None, reason="cpp not installed")
-needs_trace = pytest.mark.skipif(default_trace_path() is None, reason="trace not found")
 
 
 def _small(**kw):
@@ -66,7 +64,6 @@ def test_prefill_cost_grows_with_context():
 # ---------------------------------------------------------------------- workloads
 
 
-@needs_trace
 def test_affinity_mapping_puts_a_conversation_on_one_host():
     w = load_trace(hosts=32, mapping="affinity", limit=2000)
     hosts = {}
@@ -76,7 +73,6 @@ def test_affinity_mapping_puts_a_conversation_on_one_host():
     assert len({r.host for r in w.requests}) > 1
 
 
-@needs_trace
 def test_round_robin_and_speedup():
     w = load_trace(hosts=4, mapping="round-robin", limit=8)
     assert [r.host for r in w.requests] == [0, 1, 2, 3, 0, 1, 2, 3]

@@ -4,7 +4,6 @@ import pytest
 
 from experiments.sim import q1, q2, q3, q4
 from experiments.sim.report import parse_result, result_line
-from experiments.sim.workloads import default_trace_path
 
 
 def _results(out: str, name: str) -> list[dict[str, str]]:
@@ -73,7 +72,6 @@ def test_q4_smoke_finds_a_breakeven_per_fabric(tmp_path, capsys):
     assert (tmp_path / "q4_breakeven.png").exists()
 
 
-@pytest.mark.skipif(default_trace_path() is None, reason="trace not found")
 def test_q4_trace_part_smoke(tmp_path, capsys):
     args = ["--quick", "--out", str(tmp_path), "--parts", "trace", "--models", "small-kv4"]
     assert q4.main(args) == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policies.workloads import default_trace_path
+from controlplane.policies.workloads import SHIPPED_TRACE
 from experiments.trace_replay import block_key, distinct_blocks, main, plan_requests
 
 
@@ -64,10 +64,7 @@ def test_bad_slices_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_shipped_trace_reuses_block_zero_from_the_second_request() -> None:
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("conversation_trace.jsonl not found (set KVCAST_TRACE)")
-    reqs = plan_requests(path, max_requests=400, hosts=8)
+    reqs = plan_requests(SHIPPED_TRACE, max_requests=400, hosts=8)
     assert reqs[0].fetch == () and all(r.fetch[:1] == (block_key(0),) for r in reqs[1:])
     fetched = sum(len(r.fetch) for r in reqs)
     assert fetched == 1528  # prefix blocks an earlier request used (docs/controlplane.md)
