@@ -1,4 +1,4 @@
-"""``python -m hostagent.agent``: the host agent's command line, one fetch per run.
+"""``python -m hostagent.agent``: the host agent's command line, one fetch per run or a batch.
 
 ``python -m hostagent.agent fetch ...`` fetches one chunk in this host (or network namespace)
 and prints ONE JSON line describing what happened, for the experiments to collect. It binds its
@@ -32,6 +32,13 @@ ends and posted by a background thread; before exiting, the agent waits at most
 fetch's outcome or exit status; the JSON line's ``reports`` field says what happened to the
 record (``sent``, ``dropped``, ``rejected``, ``last_error``).
 
+``python -m hostagent.agent batch`` is the same agent kept alive: it reads ``fetch`` argument
+lines (shell-quoted, the words after ``fetch``) from standard input, runs each in turn and prints
+its JSON line, until end of input. An experiment that runs many points starts one per host and
+pays the interpreter's and torch's start-up once instead of once per fetch. A line that does not
+parse, or a fetch that cannot start, gives a JSON line with ``ok: false`` and ``error``; the
+batch goes on. With ``--start-at stdin`` in a line, the start instant is the next input line.
+
 Exit status: 0 when the chunk is complete (and verified, if asked), 1 when the fetch failed or
 the bytes differ, 2 when the agent could not start (bad arguments, port in use).
 
@@ -44,6 +51,7 @@ Classes:
 Functions:
     build_parser: the argument parser.
     run_fetch: one fetch from parsed arguments, as the JSON record.
+    run_batch: fetch after fetch from argument lines on a text stream.
     main: parse, run, print, return the exit status.
 """
 
@@ -51,11 +59,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -66,7 +75,7 @@ from hostagent.synthetic import parse_key, synthetic_chunk
 from kvcast import p4constants as c
 from poolnode.server import DEFAULT_MTU
 
-__all__ = ["AGENT_PORT", "MODES", "AgentError", "build_parser", "main", "run_fetch"]
+__all__ = ["AGENT_PORT", "MODES", "AgentError", "build_parser", "main", "run_batch", "run_fetch"]
 
 MODES = ("unicast-pool", "unicast-switch", "leader", "follower")
 
@@ -113,7 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hostagent.agent", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fetch", help="fetch one chunk and print one JSON line")
+    sub.add_parser(
+        "batch", help="read fetch argument lines from stdin, print one JSON line for each"
+    )
+    _add_fetch_arguments(sub.add_parser("fetch", help="fetch one chunk and print one JSON line"))
+    return parser
+
+
+def _add_fetch_arguments(f: argparse.ArgumentParser) -> None:
+    """The ``fetch`` subcommand's arguments."""
     f.add_argument("--tenant", type=_tenant, required=True, help="tenant id (16 bits)")
     f.add_argument("--key", type=_key, required=True, help="chunk key (decimal or 0x hex)")
     f.add_argument("--nbytes", type=int, required=True, help="chunk length in bytes")
@@ -168,7 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--position", type=_position, help="report: the block's index in its chain (0 = first)"
     )
-    return parser
 
 
 def _client(args: argparse.Namespace, reporter: ReportSink | None = None) -> FetchClient:
@@ -310,6 +326,54 @@ def _fetch(args: argparse.Namespace, reporter: ReportSink | None) -> dict[str, A
     return out
 
 
+class _ArgumentError(ValueError):
+    """A batch line that argparse refuses."""
+
+
+class _BatchParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would exit the whole batch
+        raise _ArgumentError(message)
+
+
+def _fetch_parser() -> argparse.ArgumentParser:
+    """A ``fetch`` argument parser that raises instead of exiting."""
+    parser = _BatchParser(prog="python -m hostagent.agent batch", add_help=False)
+    _add_fetch_arguments(parser)
+    return parser
+
+
+def run_batch(lines: TextIO, out: TextIO) -> int:
+    """Runs one fetch per argument line of ``lines`` and writes its JSON line to ``out``.
+
+    Args:
+        lines: the ``fetch`` arguments, one shell-quoted line per fetch; blank lines are
+            skipped. A fetch with ``--start-at stdin`` reads its start instant from the next
+            line of ``sys.stdin``, so ``lines`` is normally ``sys.stdin``.
+        out: where the JSON lines go (flushed after each).
+
+    Returns:
+        How many fetches did not end complete (and verified when asked), bad lines included.
+    """
+    parser = _fetch_parser()
+    failed = 0
+    for line in iter(lines.readline, ""):
+        if not line.strip():
+            continue
+        try:
+            args = parser.parse_args(shlex.split(line))
+        except (_ArgumentError, ValueError) as exc:
+            record: dict[str, Any] = {"ok": False, "outcome": "error", "error": f"bad line: {exc}"}
+        else:
+            try:
+                record = run_fetch(args)
+            except (AgentError, FetchError, OSError, ValueError) as exc:
+                record = _record(args)
+                record.update(ok=False, outcome="error", error=f"{type(exc).__name__}: {exc}")
+        failed += not (record["ok"] and record.get("verified") is not False)
+        print(json.dumps(record), file=out, flush=True)
+    return failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line.
 
@@ -317,9 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments (default: ``sys.argv[1:]``).
 
     Returns:
-        0: complete (and verified when asked); 1: failed or wrong bytes; 2: could not start.
+        0: complete (and verified when asked); 1: failed or wrong bytes (``batch``: any fetch
+        did not end complete); 2: could not start.
     """
     args = build_parser().parse_args(argv)
+    if args.command == "batch":
+        return 1 if run_batch(sys.stdin, sys.stdout) else 0
     try:
         record = run_fetch(args)
     except (AgentError, FetchError, OSError, ValueError) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -157,3 +158,30 @@ def test_tenant_and_key_must_fit_their_fields(
         main(["fetch", "--tenant", tenant, "--key", key, "--nbytes", "1"])
     assert exc.value.code == 2
     assert f"argument {culprit}:" in capsys.readouterr().err
+
+
+def test_batch_runs_line_after_line_and_survives_bad_lines(pool_node: int) -> None:
+    good = shlex.join(agent_args(pool_node, "--verify-seed", str(SEED))[1:])
+    lines = [
+        good,
+        "--tenant 70000 --key 1 --nbytes 10",  # tenant out of range: an error line
+        "",  # skipped
+        shlex.join(agent_args(pool_node, "--verify-seed", str(SEED + 1))[1:]),  # wrong bytes
+        good + " --start-at stdin",
+        "1000",  # the start instant of the line before
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hostagent.agent", "batch"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 4, proc.stdout + proc.stderr
+    assert (records[0]["ok"], records[0]["verified"]) == (True, True)
+    assert records[1]["ok"] is False and "tenant '70000'" in records[1]["error"]
+    assert (records[2]["ok"], records[2]["verified"]) == (True, False)
+    assert records[3]["verified"] is True and records[3]["start_at"] == 1000.0
+    assert proc.returncode == 1  # two of the four did not end complete and verified
+    assert proc.stderr.count("agent ready") == 3
