@@ -282,9 +282,11 @@ def measure_refswitch(
         TargetUnavailableError: the testbed cannot be built here (not root, ...).
         RuntimeError: a probe failed.
     """
-    logdir = Path(tempfile.mkdtemp(prefix="kvcast-bench-hostagent-"))
     records: list[dict[str, Any]] = []
-    with SwitchTestbed(logdir, kind) as tb:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvcast-bench-hostagent-") as logdir,
+        SwitchTestbed(Path(logdir), kind) as tb,
+    ):
         t0 = time.monotonic()
         tb.load(nbytes)
         load_s = time.monotonic() - t0

@@ -3,7 +3,8 @@
 Each class is one more Mininet ``Switch`` subclass (Mininet's shape: the network is built from a
 pure topology with an injectable switch class). ``start`` launches the switch process on the
 node's interfaces, waits until its P4Runtime port answers and pushes the pipeline; ``stop``
-ends the process.
+ends the process and removes its log directory (a start that fails carries the log's tail in
+its error).
 
 Classes:
     P4Switch: the common part; ``kind`` selects the target.
@@ -17,6 +18,7 @@ Functions:
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,10 +63,11 @@ class P4Switch(Switch):  # type: ignore[misc]
         self.process = SwitchProcess(self.kind, self.interface_args(), self.log_dir / "switch.log")
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's signature
-        """Stops the process, then removes the interfaces."""
+        """Stops the process, removes its log directory, then the interfaces."""
         if self.process is not None:
             self.process.close()
             self.process = None
+        shutil.rmtree(self.log_dir, ignore_errors=True)
         super().stop(deleteIntfs)
 
 

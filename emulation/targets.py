@@ -250,13 +250,20 @@ class SwitchProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TargetUnavailableError(
-                    f"{self.kind} exited with {self.proc.returncode}; see {self._log.name}"
+                    f"{self.kind} exited with {self.proc.returncode}; its log ends:\n"
+                    f"{self.log_tail()}"
                 )
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.grpc_port)) == 0:
                     return
             time.sleep(0.1)
         raise TargetUnavailableError(f"{self.kind} did not open {self.address} in {timeout} s")
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        """The last ``nbytes`` of the process's output (for error messages)."""
+        self._log.flush()
+        data = Path(self._log.name).read_bytes()
+        return data[-nbytes:].decode("utf-8", "replace")
 
     def close(self) -> None:
         """Stops the client and the process (SIGTERM, then SIGKILL)."""

@@ -523,8 +523,11 @@ def _controller(config: dict[str, Any], workdir: Path, report_port: int) -> Iter
                 if state == "ready":
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    tail = log_path.read_text(errors="replace")[-2000:]
                     raise RuntimeError(
-                        f"controller not ready (exit {proc.poll()}, state {state}); see {log_path}"
+                        f"controller not ready (exit {proc.poll()}, state {state}); its log "
+                        f"ends:\n{tail}"
                     )
                 time.sleep(0.2)
             yield log_path
@@ -785,11 +788,12 @@ def run_experiment(
         pool_link=LinkSpec(bw_mbit=pool_mbit),
     )
     blocks = distinct_blocks(requests)
-    workdir = Path(tempfile.mkdtemp(prefix="kvcast-trace-replay-"))
-    preload = workdir / "preload.txt"
-    preload.write_text("".join(f"{TENANT}:{k:#x}:{block_bytes}:{SEED}\n" for k in blocks))
     results: dict[str, RunResult] = {}
-    with Cluster(spec, switch_cls) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvcast-trace-replay-") as tmp,
+        Cluster(spec, switch_cls) as cluster,
+    ):
+        workdir = Path(tmp)
         pool = cluster.pools()[0]
         names = [h.name for h in cluster.hosts()] + [pool.name]
         pool_cmd = [

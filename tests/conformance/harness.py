@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import select
+import shutil
 import socket
 import tempfile
 import time
@@ -94,6 +95,7 @@ class VethTarget:
             )
         except Exception:
             self.veths.close()
+            shutil.rmtree(self._logdir, ignore_errors=True)
             raise
         self.client = self.proc.client
         self.socks: dict[int, socket.socket] = {}
@@ -150,6 +152,7 @@ class VethTarget:
             s.close()
         self.proc.close()
         self.veths.close()
+        shutil.rmtree(self._logdir, ignore_errors=True)
 
 
 def _drain_packet_ins(
