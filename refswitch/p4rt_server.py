@@ -227,7 +227,7 @@ def _encode_entry(
 ) -> p4r.TableEntry:
     te = p4r.TableEntry(
         table_id=info.id,
-        match=_encode_match(info, view.match),
+        match=[] if view.is_default else _encode_match(info, view.match),
         priority=view.priority,
         controller_metadata=view.controller_metadata,
         metadata=view.metadata,

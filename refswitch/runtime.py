@@ -26,6 +26,7 @@ Classes:
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import threading
 import time
@@ -687,9 +688,32 @@ def _normalize_field(f: FieldInfo, spec: MatchSpec) -> MatchSpec:
     return spec
 
 
+def _check_device_config(blob: bytes) -> None:
+    """The reference target runs its own pipeline: it takes no device config, or a BMv2 JSON.
+
+    A client that drives BMv2 and this target alike pushes BMv2's JSON to both; anything else
+    (another target's binary, garbage) is refused rather than silently ignored.
+    """
+    if not blob:
+        return
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, ValueError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("pipelines"), list):
+        raise InvalidArgumentError(
+            f"p4_device_config ({len(blob)} bytes) is neither empty nor a BMv2 JSON: the "
+            "reference target runs its own pipeline and takes no other device config"
+        )
+
+
 def _normalize_match(
     info: TableInfo, match: Sequence[MatchSpec], priority: int
 ) -> tuple[MatchSpec, ...]:
+    if not info.fields:
+        raise InvalidArgumentError(
+            f"table {info.name!r} has no key fields: only its default entry can be written"
+        )
     if len(match) != len(info.fields):
         raise InvalidArgumentError(
             f"table {info.name!r} has {len(info.fields)} key fields, got {len(match)}"
@@ -1083,7 +1107,8 @@ class SwitchState:
 
         Args:
             p4info: the program's P4Info.
-            device_config: the target blob (kept for GetForwardingPipelineConfig).
+            device_config: empty, or a BMv2 JSON (kept for GetForwardingPipelineConfig; the
+                reference target runs its own pipeline, so anything else is refused).
             initial_defaults: table name -> the program's default action (P4Info carries no
                 default parameters); other tables default to the P4Info initial default action,
                 else the const default action, else NoAction.
@@ -1095,10 +1120,11 @@ class SwitchState:
                 changes.
 
         Raises:
-            InvalidArgumentError: bad P4Info or initial defaults.
+            InvalidArgumentError: bad P4Info, device config or initial defaults.
             UnimplementedError: the P4Info uses something the reference target lacks.
             FailedPreconditionError: reconcile could not carry an entry over.
         """
+        _check_device_config(bytes(device_config))
         new = _Pipeline(PipelineSchema(p4info), bytes(device_config), cookie, initial_defaults)
         with self._lock:
             old = self._pipe

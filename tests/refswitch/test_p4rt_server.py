@@ -37,6 +37,7 @@ from finsy.proto import p4r, p4r_grpc, rpc_code, rpc_status
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.runtime import ActionCall, Lpm, Replica, SwitchState, WriteOp
 from tests.refswitch.test_runtime import (
+    BLOB,
     CACHE,
     DEFAULTS,
     KEY,
@@ -55,6 +56,7 @@ FORWARD_ID, DROP_ID = 16777218, 16777220
 DIGEST = "hot_miss_digest_t"
 Set = p4r.SetForwardingPipelineConfigRequest
 Get = p4r.GetForwardingPipelineConfigRequest
+BLOB_V2 = b'{"pipelines": [{"name": "v2"}]}'
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -93,7 +95,7 @@ def stub(addr: str) -> Iterator[p4r_grpc.P4RuntimeStub]:
 
 @pytest.fixture
 def installed(state: SwitchState) -> SwitchState:
-    state.set_pipeline(make_p4info(), b"blob", DEFAULTS)
+    state.set_pipeline(make_p4info(), BLOB, DEFAULTS)
     return state
 
 
@@ -111,7 +113,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @asynccontextmanager
 async def client(addr: str, p4info: Path, election_id: int = 10) -> AsyncIterator[Switch]:
-    opts = SwitchOptions(p4info=p4info, p4blob=b"blob", initial_election_id=election_id)
+    opts = SwitchOptions(p4info=p4info, p4blob=BLOB, initial_election_id=election_id)
     async with Switch(f"sw{election_id}", addr, opts) as sw:
         yield sw
 
@@ -269,9 +271,9 @@ def test_finsy_installs_pipeline_and_get_returns_each_part(
             return sw.p4info.p4cookie
 
     cookie = run(connect())
-    assert installs == [b"blob"]
+    assert installs == [BLOB]
     full = stub.GetForwardingPipelineConfig(Get(device_id=1, response_type=Get.ALL)).config
-    assert full.p4info == make_p4info() and full.p4_device_config == b"blob"
+    assert full.p4info == make_p4info() and full.p4_device_config == BLOB
     assert full.cookie.cookie == cookie
     only = stub.GetForwardingPipelineConfig(Get(device_id=1, response_type=Get.COOKIE_ONLY))
     assert not only.config.HasField("p4info") and only.config.p4_device_config == b""
@@ -279,7 +281,7 @@ def test_finsy_installs_pipeline_and_get_returns_each_part(
     dev = stub.GetForwardingPipelineConfig(
         Get(device_id=1, response_type=Get.DEVICE_CONFIG_AND_COOKIE)
     ).config
-    assert not dev.HasField("p4info") and dev.p4_device_config == b"blob"
+    assert not dev.HasField("p4info") and dev.p4_device_config == BLOB
 
 
 def test_verify_checks_without_installing(stub: p4r_grpc.P4RuntimeStub, state: SwitchState) -> None:
@@ -296,11 +298,11 @@ def test_verify_checks_without_installing(stub: p4r_grpc.P4RuntimeStub, state: S
 def test_verify_and_save_installs_only_on_commit(
     stub: p4r_grpc.P4RuntimeStub, state: SwitchState
 ) -> None:
-    config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=b"v2")
+    config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=BLOB_V2)
     stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY_AND_SAVE, config=config))
     assert not state.ready
     stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.COMMIT))
-    assert state.ready and state.device_config == b"v2"
+    assert state.ready and state.device_config == BLOB_V2
     assert state.lookup("Ingress.config", ())[0] == DEFAULTS["Ingress.config"]
 
 
@@ -730,3 +732,43 @@ def test_p4info_of_unsupported_match_kind_is_unimplemented(
         )
     )
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# ------------------------------------------------- what a foreign client found (issue 17)
+def test_default_entry_of_a_keyed_table_reads_back_without_a_key(
+    stub: p4r_grpc.P4RuntimeStub, installed: SwitchState
+) -> None:
+    query = p4r.Entity(table_entry=p4r.TableEntry(table_id=CACHE_ID, is_default_action=True))
+    (entity,) = read(stub, query)
+    te = entity.table_entry
+    assert te.is_default_action and not te.match and te.table_id == CACHE_ID
+    assert te.action.action.action_id != 0
+
+
+def test_a_normal_entry_in_a_keyless_table_is_invalid_argument(
+    stub: p4r_grpc.P4RuntimeStub, installed: SwitchState
+) -> None:
+    upd = p4r.Update(type=p4r.Update.INSERT)
+    upd.entity.table_entry.table_id = CONFIG_ID
+    default = read(
+        stub, p4r.Entity(table_entry=p4r.TableEntry(table_id=CONFIG_ID, is_default_action=True))
+    )[0]
+    upd.entity.table_entry.action.CopyFrom(default.table_entry.action)
+    err = status_of(lambda: write(stub, upd))
+    assert update_codes(err) == [rpc_code.INVALID_ARGUMENT]
+    assert installed.entries("Ingress.config") == []
+
+
+@pytest.mark.parametrize("blob", [b"garbage", b"\xff\x00", b"[1, 2]", b'{"no": "pipelines"}'])
+def test_a_device_config_that_is_not_bmv2_json_is_refused(
+    stub: p4r_grpc.P4RuntimeStub, state: SwitchState, blob: bytes
+) -> None:
+    config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=blob)
+    err = status_of(
+        lambda: stub.SetForwardingPipelineConfig(
+            Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config)
+        )
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "device_config" in (err.details() or "")
+    assert not state.ready

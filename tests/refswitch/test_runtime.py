@@ -28,6 +28,8 @@ from refswitch.runtime import (
     WriteOp,
 )
 
+BLOB = b'{"pipelines": [{"name": "ingress"}]}'  # what a BMv2 client pushes
+
 P4INFO_TEXT = """
 pkg_info { name: "test.p4" arch: "v1model" }
 tables {
@@ -157,7 +159,7 @@ def hit(slot: int, port: int = 1) -> ActionCall:
 @pytest.fixture
 def state() -> SwitchState:
     st = SwitchState()
-    st.set_pipeline(make_p4info(), b"blob", DEFAULTS)
+    st.set_pipeline(make_p4info(), BLOB, DEFAULTS)
     return st
 
 
@@ -184,7 +186,7 @@ def test_no_pipeline_means_not_ready_and_lookup_fails() -> None:
 
 
 def test_defaults_come_from_initial_defaults_const_default_or_noaction(state: SwitchState) -> None:
-    assert state.ready and state.device_config == b"blob"
+    assert state.ready and state.device_config == BLOB
     assert state.lookup(CONFIG, ()) == (DEFAULTS[CONFIG], None)
     assert state.lookup(FIXED, (3,)) == (ActionCall("Ingress.drop", {}), None)
     assert state.lookup(ROUTE, (1,)) == (ActionCall("NoAction", {}), None)
