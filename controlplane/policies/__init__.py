@@ -4,6 +4,10 @@ Importing this package registers every built-in policy:
 
 * ``lru`` (:class:`~controlplane.policies.lru.LruPolicy`): demand-fill LRU baseline.
 * ``lfu`` (:class:`~controlplane.policies.lfu.LfuPolicy`): LFU with dynamic aging.
+* ``arc`` (:class:`~controlplane.policies.arc.ArcPolicy`): Adaptive Replacement Cache, in
+  bytes; an anchor with nothing to tune.
+* ``wtinylfu`` (:class:`~controlplane.policies.wtinylfu.WTinyLfuPolicy`): Caffeine's window
+  LRU + frequency-filtered admission + segmented LRU; the other anchor.
 * ``sketch`` (:class:`~controlplane.policies.sketch.SketchPolicy`): NetCache-style count-min
   admission, least-hit eviction.
 * ``kvcast`` (:class:`~controlplane.policies.kvcast.KvcastPolicy`): decayed, host-weighted
@@ -27,6 +31,7 @@ Typical use::
         ...
 """
 
+from controlplane.policies.arc import ArcPolicy
 from controlplane.policies.base import (
     NO_CHANGE,
     Access,
@@ -50,11 +55,13 @@ from controlplane.policies.kvcast import KvcastPolicy
 from controlplane.policies.lfu import LfuPolicy
 from controlplane.policies.lru import LruPolicy
 from controlplane.policies.sketch import SketchPolicy
+from controlplane.policies.wtinylfu import WTinyLfuPolicy
 
 __all__ = [
     "NO_CHANGE",
     "Access",
     "Admission",
+    "ArcPolicy",
     "BeladyPolicy",
     "CachePolicy",
     "Decision",
@@ -69,6 +76,7 @@ __all__ = [
     "PolicyError",
     "Ranked",
     "SketchPolicy",
+    "WTinyLfuPolicy",
     "available_policies",
     "make_policy",
     "policy_class",
