@@ -156,7 +156,7 @@ def load_mooncake_trace(
     seed: int = 0,
     limit: int | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
-    name: str = "conversation",
+    name: str | None = None,
 ) -> Workload:
     """Load a Mooncake-format JSONL trace.
 
@@ -170,7 +170,8 @@ def load_mooncake_trace(
         seed: seed of the host assignment.
         limit: read only the first ``limit`` requests.
         block_bytes: bytes per block.
-        name: workload name.
+        name: workload name (default: the file's name without ``.jsonl`` and without a
+            ``_trace`` suffix: ``conversation`` for ``conversation_trace.jsonl``).
 
     Returns:
         The workload (times in seconds, tenant 0).
@@ -195,6 +196,9 @@ def load_mooncake_trace(
                 raise TraceFormatError(f"{path}:{lineno}: not a trace record ({exc})") from None
             requests.append(Request(ts, rng.randrange(hosts), 0, ids))
     requests.sort(key=lambda r: r.time)  # stable: equal timestamps keep file order
+    if name is None:
+        stem = Path(path).name.removesuffix(".jsonl")
+        name = stem.removesuffix("_trace") or stem
     return Workload(
         name,
         tuple(requests),

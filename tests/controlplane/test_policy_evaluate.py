@@ -162,6 +162,8 @@ def test_trace_loader_parses_and_rejects_bad_lines(tmp_path: Path) -> None:
         + "\n"
     )
     w = load_mooncake_trace(good, hosts=4)
+    assert w.name == "t"  # named by its file, never "conversation" for another trace
+    assert load_mooncake_trace(SHIPPED_TRACE, limit=1).name == "conversation"
     assert [r.time for r in w.requests] == [0.0, 1.5]
     assert [a.parent for a in w.accesses()] == [None, None, 0]
     bad = tmp_path / "bad.jsonl"
