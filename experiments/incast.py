@@ -9,6 +9,12 @@ Modes (one emulated cluster, measured side by side in one run):
 - ``c`` sram-multicast: the prefix is in switch SRAM; one host's GETs name the group and the
   switch answers every member from SRAM.
 - ``d`` sram-unicast: the prefix is in switch SRAM; every host asks the switch for each fragment.
+- ``r2``, ``r4`` pool-replicas-k: the baseline a user would pick without the switch, Mooncake's
+  answer to a hot object: the prefix on k pool nodes (each its own pool node process and store,
+  each behind a pool link of the same rate), host i reading the whole prefix from replica
+  ``i mod k`` by unicast, as Mooncake's client spreads reads over replicas. The switch steers a
+  GET to the pool node that owns the key's bucket, so replica j holds the prefix under a key of
+  its own bucket and host i asks for that key: the client naming its replica.
 
 The pool node is ``python -m poolnode`` in the pool's namespace: with ``--pool-backend mooncake``
 (the default where ``mooncake_master`` is installed, which ``make setup`` does) it starts
@@ -16,32 +22,42 @@ The pool node is ``python -m poolnode`` in the pool's namespace: with ``--pool-b
 pool node's own memory.
 
 Per point it records every host's completion time (from a common start instant to a complete,
-CRC-checked and content-verified tensor), the pool node's egress bytes (its interface counter)
-and the switch's counters; it writes a per-host CSV, a summary CSV and a PNG plot.
+CRC-checked and content-verified tensor), its GET retries, timeouts and follower repairs, the
+pool nodes' egress bytes (interface counters) and the switch's counters. Every point is run
+``--repeats`` times (3 by default; the table gives the median and the range). Each GPU host runs
+one long-lived agent (``python -m hostagent.agent batch``) for the whole sweep, so a point's time
+is the fetch, not the interpreter's start-up. It writes a per-host CSV, a summary CSV and a PNG
+plot, and prints last one table: per N and mode the time until all N hosts hold the prefix, the
+relief T_a/T_x beside the flow model's prediction (``experiments.sim.incast``), the pool egress
+and the retries, timeouts and repairs.
 
 Run: ``python -m experiments.incast`` (root; Mininet). ``--help`` lists the sweep parameters.
 
 Classes:
     Mode: one way of fetching.
     PointResult: the outcome of one (mode, N, prefix size) point.
+    HostAgents: one long-lived agent process per GPU host.
 
 Functions:
     run_point: one point on a running cluster.
     run_sweep: the whole sweep on one cluster.
+    relief_table: the final table's rows.
     main: command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import select
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +67,9 @@ from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
 from experiments.output import pyplot, write_csv
+from experiments.sim.incast import MODES as SIM_MODES
+from experiments.sim.incast import IncastParams, predict
+from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from poolnode.mooncake import find_master_binary
@@ -70,6 +89,7 @@ class Mode:
         sram: the prefix is loaded into switch SRAM first.
         group: one leader fetches for a multicast group; the others follow.
         via: where GETs are answered: ``pool`` (NOCACHE, the pool owner) or ``switch`` (SRAM).
+        replicas: pool nodes holding the prefix, host i reading replica ``i mod replicas``.
     """
 
     name: str
@@ -77,14 +97,44 @@ class Mode:
     sram: bool
     group: bool
     via: str
+    replicas: int = 1
 
 
 MODES = {
-    "a": Mode("a", "pool-unicast", sram=False, group=False, via="pool"),
-    "b": Mode("b", "pool-multicast", sram=False, group=True, via="pool"),
-    "c": Mode("c", "sram-multicast", sram=True, group=True, via="switch"),
-    "d": Mode("d", "sram-unicast", sram=True, group=False, via="switch"),
+    "a": Mode("a", SIM_MODES["a"], sram=False, group=False, via="pool"),
+    "b": Mode("b", SIM_MODES["b"], sram=False, group=True, via="pool"),
+    "c": Mode("c", SIM_MODES["c"], sram=True, group=True, via="switch"),
+    "d": Mode("d", SIM_MODES["d"], sram=True, group=False, via="switch"),
+    "r2": Mode("r2", SIM_MODES["r2"], sram=False, group=False, via="pool", replicas=2),
+    "r4": Mode("r4", SIM_MODES["r4"], sram=False, group=False, via="pool", replicas=4),
 }
+DEFAULT_MODES = "a,b,c,d,r2,r4"
+
+
+def parse_modes(text: str) -> list[str]:
+    """``--modes``: comma-separated names (``a,b,r2``), or letters run together (``abcd``).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    names = text.split(",") if "," in text or text in MODES else list(text)
+    names = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in names if n not in MODES]
+    if unknown or not names:
+        raise ValueError(f"unknown mode(s) {unknown or text!r}; known: {', '.join(MODES)}")
+    return names
+
+
+def replica_key(key: int, replica: int) -> int:
+    """The key replica ``replica`` holds the prefix under: one in a bucket that node owns.
+
+    The switch's pool-owner table gives bucket b to pool node ``b mod n_pools``
+    (:class:`emulation.network.Cluster`); ``key`` sits in bucket 0, so ``key + j`` is in bucket
+    j, owned by pool node j.
+    """
+    if key & (c.POOL_BUCKETS - 1):
+        raise ValueError(f"key {key:#x} is not in bucket 0")
+    return key + replica
 
 
 @dataclass
@@ -97,6 +147,7 @@ class PointResult:
     hosts: list[dict[str, Any]] = field(default_factory=list)
     pool_tx_bytes: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    repeat: int = 0
 
     @property
     def times(self) -> list[float]:
@@ -108,6 +159,10 @@ class PointResult:
         """Every host ended with a verified prefix."""
         return len(self.times) == self.n
 
+    def total(self, field_name: str) -> int:
+        """A per-host counter (``retries``, ``timeouts``, ``repairs``, ...) summed over hosts."""
+        return sum(int(h.get(field_name) or 0) for h in self.hosts)
+
     def summary(self) -> dict[str, Any]:
         """The point's summary row."""
         t = self.times
@@ -117,7 +172,12 @@ class PointResult:
             "label": MODES[self.mode].label,
             "n": self.n,
             "prefix_bytes": self.nbytes,
+            "repeat": self.repeat,
             "ok_hosts": len(t),
+            "retries": self.total("retries"),
+            "timeouts": self.total("timeouts"),
+            "repairs": self.total("repairs"),
+            "stalled_hosts": sum(1 for h in self.hosts if h.get("stalled")),
             "p50_s": statistics.median(t) if t else float("nan"),
             "p99_s": p99,
             "max_s": t[-1] if t else float("nan"),
@@ -156,6 +216,28 @@ _EVENT_NAMES = {
 
 WINDOW = 32  # GETs each agent keeps outstanding
 POOL_FRAGS_PER_DATA = 5  # what a pool node packs into one DATA at a 1500-byte MTU
+POOL_QUEUE_FRAMES = 1000  # the pool link's queue: tc's leaf qdisc at the veth's txqueuelen
+QUEUE_SHARE = 0.9  # of that queue the agents' GETs may fill with replies
+
+
+def pool_requesters(mode: Mode, n: int) -> int:
+    """Agents whose GETs share one pool link in a point: one per group, N / k per replica."""
+    return 1 if mode.group else -(-n // mode.replicas)
+
+
+def agent_window(mode: Mode, n: int) -> int:
+    """GETs each agent keeps outstanding in a point.
+
+    Every GET to the pool is answered by one DATA frame that waits in the pool link's queue,
+    so the requesters' windows together must stay below that queue, or the queue drops
+    replies and the agents wait for their GET timeouts (at N = 32 in mode a, 32 x 32 GETs
+    overflowed the 1,000-frame queue and cost 144 timeouts and a third more time). A TCP
+    sender's congestion window finds that limit by loss; the agents are given it.
+    """
+    if mode.via == "switch":
+        return WINDOW
+    share = int(QUEUE_SHARE * POOL_QUEUE_FRAMES) // pool_requesters(mode, n)
+    return max(1, min(WINDOW, share))
 
 
 def get_timeouts(mode: Mode, n: int, pool_mbit: float | None) -> tuple[float, float]:
@@ -178,13 +260,15 @@ def get_timeouts(mode: Mode, n: int, pool_mbit: float | None) -> tuple[float, fl
     """
     if mode.via == "switch" or pool_mbit is None:
         return 0.1, 1.0
-    requesters = 1 if mode.group else n
-    in_flight = requesters * WINDOW * POOL_FRAGS_PER_DATA * (c.FRAG_BYTES + c.KVP_HDR_BYTES)
+    requesters = pool_requesters(mode, n)
+    frames = requesters * agent_window(mode, n)
+    in_flight = frames * POOL_FRAGS_PER_DATA * (c.FRAG_BYTES + c.KVP_HDR_BYTES)
     first = max(0.1, 2.5 * in_flight * 8 / (pool_mbit * 1e6))
     return first, 4 * first
 
 
 def _agent_cmd(
+    name: str,
     mode: Mode,
     role: str,
     key: int,
@@ -193,16 +277,15 @@ def _agent_cmd(
     pool_ip: str,
     timeout: float,
     timeouts: tuple[float, float],
+    window: int,
 ) -> list[str]:
     if mode.group:
         agent_mode = role
     else:
         agent_mode = "unicast-switch" if mode.via == "switch" else "unicast-pool"
     cmd = [
-        sys.executable,
-        "-m",
-        "hostagent.agent",
-        "fetch",
+        "--name",
+        name,
         "--tenant",
         str(TENANT),
         "--key",
@@ -224,7 +307,7 @@ def _agent_cmd(
         "--bind-port",
         str(AGENT_PORT),
         "--window",
-        str(WINDOW),
+        str(window),
         "--get-timeout",
         f"{timeouts[0]:.3f}",
         "--max-get-timeout",
@@ -239,19 +322,143 @@ def _agent_cmd(
     return cmd
 
 
+class HostAgents:
+    """One long-lived ``python -m hostagent.agent batch`` process per GPU host.
+
+    A point hands each taking part a ``fetch`` argument line, waits until every one has bound
+    its socket (``agent ready`` on its stderr), gives them all one start instant and reads one
+    JSON line from each. An agent that dies is reported as a failed host and started again.
+    """
+
+    def __init__(self, cluster: Cluster, names: Sequence[str]) -> None:
+        self.cluster = cluster
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        for name in names:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        self.procs[name] = self.cluster.host(name).popen(
+            [sys.executable, "-m", "hostagent.agent", "batch"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def run(self, lines: dict[str, list[str]], timeout: float) -> dict[str, dict[str, Any]]:
+        """Runs one fetch on each named host, all starting at one instant.
+
+        Args:
+            lines: host name -> its ``fetch`` arguments (with ``--start-at stdin``).
+            timeout: seconds to wait for the JSON lines once started.
+
+        Returns:
+            Host name -> the agent's JSON record (``ok: false`` with ``error`` for an agent
+            that died or said nothing in time).
+        """
+        for name, args in lines.items():
+            self._send(name, shlex.join(args))
+        self._wait_ready(list(lines), timeout=60.0)
+        # One instant for all, a little ahead so that every follower listens first.
+        start_at = time.time() + 0.3
+        for name in reversed(list(lines)):
+            self._send(name, f"{start_at:.6f}")
+        records = {}
+        deadline = time.monotonic() + timeout
+        for name in lines:
+            records[name] = self._read_record(name, deadline)
+        return records
+
+    def _send(self, name: str, line: str) -> None:
+        proc = self.procs[name]
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # dead: _read_record reports it and starts another
+
+    def _wait_ready(self, names: list[str], timeout: float) -> None:
+        pending = {}
+        for name in names:
+            err = self.procs[name].stderr
+            if err is not None:
+                pending[err.fileno()] = err
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(pending), [], [], 0.5)
+            for fd in ready:
+                line = pending[fd].readline()
+                if not line or line.startswith("agent ready"):
+                    del pending[fd]  # ready, or exited (its record says so)
+
+    def _read_record(self, name: str, deadline: float) -> dict[str, Any]:
+        proc = self.procs[name]
+        out = proc.stdout
+        assert out is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            line = out.readline()
+            if not line:
+                return self._restart(name, f"agent exited with {proc.wait()}")
+            if line.startswith("{"):
+                record: dict[str, Any] = json.loads(line)
+                return record
+        return self._restart(name, "no result in time")
+
+    def _restart(self, name: str, why: str) -> dict[str, Any]:
+        proc = self.procs[name]
+        proc.kill()
+        _, err = proc.communicate()
+        self._start(name)
+        return {"ok": False, "outcome": "error", "error": f"{why}: {err.strip()[-300:]}"}
+
+    def close(self) -> None:
+        """Ends every agent (end of input, then a kill for one that lingers)."""
+        for proc in self.procs.values():
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            except OSError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
 def run_point(
-    cluster: Cluster, mode: Mode, n: int, nbytes: int, key: int, group: int, timeout: float = 60.0
+    cluster: Cluster,
+    agents: HostAgents,
+    mode: Mode,
+    n: int,
+    nbytes: int,
+    key: int,
+    group: int,
+    timeout: float = 60.0,
+    repeat: int = 0,
 ) -> PointResult:
     """Measures one point on a running cluster.
 
     Args:
-        cluster: the running cluster (pool node serving ``key``).
+        cluster: the running cluster (pool nodes serving ``key``, and each replica its
+            :func:`replica_key`).
+        agents: the hosts' agents.
         mode: how to fetch.
         n: GPU hosts fetching.
         nbytes: prefix size.
         key: chunk key the pool holds.
         group: a multicast group id not used before in this run.
         timeout: seconds an agent may take.
+        repeat: which repeat of the point this is.
 
     Returns:
         The point's result.
@@ -268,71 +475,44 @@ def run_point(
     hosts = cluster.hosts()[:n]
     if mode.group:
         cluster.add_group(group, [h.name for h in hosts])
-    pool_ip = cluster.pools()[0].ip
+    pools = cluster.pools()
     tx0, ev0 = _pool_tx_bytes(cluster), _event_counters(cluster)
-    result = PointResult(mode.name, n, nbytes)
-    procs = []
+    result = PointResult(mode.name, n, nbytes, repeat=repeat)
+    pool_mbit = cluster.spec.pool_link.bw_mbit
+    timeouts = get_timeouts(mode, n, pool_mbit)
+    if pool_mbit is not None and mode.via == "pool":
+        # Never cut off a fetch that is merely queued: three times the pool link's drain time.
+        drain = pool_requesters(mode, n) * nbytes * 1.1 * 8 / (pool_mbit * 1e6)
+        timeout = max(timeout, 3 * drain)
+    lines = {}
     for i, h in enumerate(hosts):
         role = "leader" if i == 0 else "follower"
-        cmd = _agent_cmd(
+        replica = i % mode.replicas
+        lines[h.name] = _agent_cmd(
+            h.name,
             mode,
             role,
-            key,
+            replica_key(key, replica),
             nbytes,
             group,
-            pool_ip,
+            pools[replica].ip,
             timeout,
-            get_timeouts(mode, n, cluster.spec.pool_link.bw_mbit),
+            timeouts,
+            agent_window(mode, n),
         )
-        procs.append(
-            (
-                h.name,
-                cluster.host(h.name).popen(
-                    cmd,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                ),
-            )
-        )
-    _wait_ready([p for _, p in procs], timeout=60.0)
-    # Followers first, so that they listen before the leader's first GET.
-    start_at = time.time() + 0.3
-    for _name, proc in reversed(procs):
-        if proc.stdin is not None:
-            proc.stdin.write(f"{start_at:.6f}\n")
-            proc.stdin.flush()
-    for name, proc in procs:
-        try:
-            out, err = proc.communicate(timeout=timeout + 30)
-        except subprocess.TimeoutExpired:  # a hung agent is a failed host, not a crash
-            proc.kill()
-            out, err = proc.communicate()
-        row: dict[str, Any] = {"host": name, "ok": False, "error": err.strip()[-300:]}
-        for line in out.splitlines():
-            if line.startswith("{"):
-                row = {"host": name, **json.loads(line)}
-        result.hosts.append(row)
+    records = agents.run(lines, timeout + 30)
+    for i, (name, rec) in enumerate(records.items()):
+        # The agent's own "host" (its hostname) and "mode" (its role) must not overwrite ours.
+        rec = dict(rec)
+        role = rec.pop("mode", None)
+        rec.pop("host", None)
+        result.hosts.append({"host": name, "role": role, "replica": i % mode.replicas, **rec})
     result.pool_tx_bytes = _pool_tx_bytes(cluster) - tx0
     ev1 = _event_counters(cluster)
     result.counters = {name: ev1.get(i, 0) - ev0.get(i, 0) for i, name in _EVENT_NAMES.items()}
     if mode.group:
         client.multicast_group(group, [], update=p4r.Update.DELETE)
     return result
-
-
-def _wait_ready(procs: list[subprocess.Popen[str]], timeout: float) -> None:
-    """Waits until every agent has printed ``agent ready`` (socket bound, imports done)."""
-    pending = {p.stderr.fileno(): p for p in procs if p.stderr is not None}
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        ready, _, _ = select.select(list(pending), [], [], 0.5)
-        for fd in ready:
-            proc = pending[fd]
-            line = proc.stderr.readline() if proc.stderr is not None else ""
-            if not line or line.startswith("agent ready"):
-                del pending[fd]  # ready, or exited (its error shows in its result)
 
 
 def _synthetic(key: int, nbytes: int) -> bytes:
@@ -351,160 +531,316 @@ def run_sweep(
     progress: Callable[[str], None] = print,
     pool_backend: str = "memory",
 ) -> list[PointResult]:
-    """Runs every (size, N, mode) point on one cluster.
+    """Runs every (size, N, mode) point ``repeats`` times on one cluster.
 
     Args:
-        spec: the cluster (``spec.n_hosts`` >= max of ``ns``).
+        spec: the cluster (``spec.n_hosts`` >= max of ``ns``, ``spec.n_pools`` >= the most
+            replicas a mode reads).
         switch_cls: switch node class.
         modes: mode names.
         ns: host counts.
         sizes: prefix sizes in bytes.
-        repeats: runs per point.
+        repeats: runs per point; the repeats of a point are interleaved with the other points
+            (repeat 0 of every point first), so that a slow spell of a shared machine does not
+            land on one point's every run.
         progress: where progress lines go.
-        pool_backend: ``"memory"``, or ``"mooncake"``: the pool node starts ``mooncake_master``
-            in its namespace and serves the prefix from Mooncake Store (``python -m poolnode
+        pool_backend: ``"memory"``, or ``"mooncake"``: each pool node starts ``mooncake_master``
+            in its namespace and serves its prefixes from Mooncake Store (``python -m poolnode
             --start-master``).
 
     Returns:
         Every point's result.
 
     Raises:
-        RuntimeError: the pool node did not start (its log's tail is in the message).
+        ValueError: a mode reads more replicas than the cluster has pool nodes.
+        RuntimeError: a pool node did not start (its log's tail is in the message).
     """
+    need = max(MODES[m].replicas for m in modes)
+    if need > spec.n_pools:
+        raise ValueError(f"mode(s) {modes} read {need} replicas; the cluster has {spec.n_pools}")
     results: list[PointResult] = []
-    points = [(s, n, m, r) for s in sizes for n in ns for m in modes for r in range(repeats)]
-    keys = {s: 0x5EED0000 + i for i, s in enumerate(sizes)}
-    preload = [arg for s in sizes for arg in ("--preload", f"{TENANT}:{keys[s]}:{s}:{SEED}")]
-    with Cluster(spec, switch_cls) as cluster:
-        pool = cluster.pools()[0]
-        pool_cmd = [sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT), *preload]
-        if pool_backend == "mooncake":
-            pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
-        else:
-            pool_cmd += ["--backend", "memory"]
-        with cluster.serve(pool.name, pool_cmd, "poolnode listening"):
-            progress(f"pool node ({pool_backend}) ready")
-            t0 = time.time()
-            for done, (size, n, m, rep) in enumerate(points, 1):
-                res = run_point(cluster, MODES[m], n, size, keys[size], group=100 + done)
-                results.append(res)
-                s = res.summary()
-                progress(
-                    f"[{done:3d}/{len(points)}] {time.time() - t0:6.1f}s mode={m} "
-                    f"({MODES[m].label}) N={n} prefix={size // 1024}KiB rep={rep} "
-                    f"max={s['max_s']:.3f}s p50={s['p50_s']:.3f}s "
-                    f"pool_tx={s['pool_tx_over_prefix']:.2f}x ok={s['ok_hosts']}/{n}"
-                )
+    points = [(s, n, m, r) for r in range(repeats) for s in sizes for n in ns for m in modes]
+    keys = {s: 0x5EED0000 + (i << 16) for i, s in enumerate(sizes)}
+    with Cluster(spec, switch_cls) as cluster, contextlib.ExitStack() as stack:
+        for j, pool in enumerate(cluster.pools()):
+            preload = [
+                arg
+                for s in sizes
+                for arg in ("--preload", f"{TENANT}:{replica_key(keys[s], j):#x}:{s}:{SEED}")
+            ]
+            pool_cmd = [sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT), *preload]
+            if pool_backend == "mooncake":
+                pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
+            else:
+                pool_cmd += ["--backend", "memory"]
+            stack.enter_context(cluster.serve(pool.name, pool_cmd, "poolnode listening"))
+        progress(f"{len(cluster.pools())} pool node(s) ({pool_backend}) ready")
+        agents = HostAgents(cluster, [h.name for h in cluster.hosts()[: max(ns)]])
+        stack.callback(agents.close)
+        t0 = time.time()
+        for done, (size, n, m, rep) in enumerate(points, 1):
+            res = run_point(
+                cluster, agents, MODES[m], n, size, keys[size], group=100 + done, repeat=rep
+            )
+            results.append(res)
+            s = res.summary()
+            progress(
+                f"[{done:3d}/{len(points)}] {time.time() - t0:6.1f}s mode={m} "
+                f"({MODES[m].label}) N={n} prefix={size // 1024}KiB rep={rep} "
+                f"max={s['max_s']:.3f}s p50={s['p50_s']:.3f}s "
+                f"pool_tx={s['pool_tx_over_prefix']:.2f}x ok={s['ok_hosts']}/{n} "
+                f"retries={s['retries']} timeouts={s['timeouts']} repairs={s['repairs']}"
+            )
     return results
 
 
-def write_outputs(results: list[PointResult], out: Path) -> dict[str, Path]:
-    """Writes hosts.csv, summary.csv and incast.png into ``out``."""
+def write_outputs(
+    results: list[PointResult], out: Path, setup: str = "", rows: list[dict[str, Any]] | None = None
+) -> dict[str, Path]:
+    """Writes hosts.csv, summary.csv, table.csv and incast.png into ``out``.
+
+    Args:
+        results: every point.
+        out: the directory.
+        setup: one line saying what was run (the plot's title).
+        rows: the table's rows (default: :func:`relief_table` without predictions).
+    """
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"hosts": out / "hosts.csv", "summary": out / "summary.csv", "plot": out / "incast.png"}
+    paths = {
+        "hosts": out / "hosts.csv",
+        "summary": out / "summary.csv",
+        "table": out / "table.csv",
+        "plot": out / "incast.png",
+    }
     host_rows = [
-        {"mode": r.mode, "n": r.n, "prefix_bytes": r.nbytes, **h} for r in results for h in r.hosts
-    ]
+        {"mode": r.mode, "label": MODES[r.mode].label, "n": r.n, "prefix_bytes": r.nbytes,
+         "repeat": r.repeat, **h}
+        for r in results
+        for h in r.hosts
+    ]  # fmt: skip
     write_csv(paths["hosts"], host_rows)
     write_csv(paths["summary"], [r.summary() for r in results])
-    _plot(results, paths["plot"])
+    rows = relief_table(results) if rows is None else rows
+    write_csv(paths["table"], rows)
+    _plot(rows, paths["plot"], setup)
     return paths
 
 
-def _plot(results: list[PointResult], path: Path) -> None:
+_STYLE = {  # mode -> (colour, marker, line style): distinct even where two series overlap
+    "a": ("#444444", "o", "-"),
+    "b": ("#1f77b4", "s", "-"),
+    "c": ("#d62728", "^", "-"),
+    "d": ("#ff7f0e", "v", "--"),
+    "r2": ("#2ca02c", "D", ":"),
+    "r4": ("#9467bd", "P", ":"),
+}
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, setup: str) -> None:
+    """Three panels per prefix size: completion time, relief against the ideal, pool egress."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
     plt = pyplot()
-    sizes = sorted({r.nbytes for r in results})
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(11, 3.8 * len(sizes)), squeeze=False)
-    for row, size in enumerate(sizes):
-        for m in MODES:
-            # Repeats give several points per N: group them, never compare their summaries.
-            pts = [(r.n, r.summary()) for r in results if r.nbytes == size and r.mode == m]
-            if not pts:
-                continue
-            by_n: dict[int, list[dict[str, Any]]] = {}
-            for n, s in pts:
-                by_n.setdefault(n, []).append(s)
-            ns = sorted(by_n)
-            axes[row][0].plot(
-                ns,
-                [statistics.median(x["max_s"] for x in by_n[n]) for n in ns],
-                marker="o",
-                label=f"({m}) {MODES[m].label}",
-            )
-            axes[row][1].plot(
-                ns,
-                [statistics.median(x["pool_tx_over_prefix"] for x in by_n[n]) for n in ns],
-                marker="o",
-                label=f"({m}) {MODES[m].label}",
-            )
-        axes[row][0].set(
-            xscale="log",
-            yscale="log",
-            xlabel="N hosts",
+    sizes = sorted({r["prefix_kib"] for r in rows})
+    fig, axes = plt.subplots(len(sizes), 3, figsize=(16, 4.8 * len(sizes)), squeeze=False)
+    for row_i, size in enumerate(sizes):
+        ax_t, ax_r, ax_p = axes[row_i]
+        mine = [r for r in rows if r["prefix_kib"] == size]
+        ns = sorted({r["n"] for r in mine})
+        modes = [m for m in MODES if any(r["mode"] == m for r in mine)]
+        for k, m in enumerate(modes):
+            pts = sorted((r for r in mine if r["mode"] == m), key=lambda r: r["n"])
+            colour, marker, style = _STYLE.get(m, ("k", "o", "-"))
+            label = f"({m}) {MODES[m].label}"
+            # A small horizontal offset per mode keeps overlapping series apart.
+            x = [r["n"] * (1 + 0.035 * (k - (len(modes) - 1) / 2)) for r in pts]
+            t = [r["t_s"] for r in pts]
+            ax_t.errorbar(
+                x, t, yerr=[[v - r["t_min_s"] for v, r in zip(t, pts, strict=True)],
+                            [r["t_max_s"] - v for v, r in zip(t, pts, strict=True)]],
+                color=colour, marker=marker, linestyle=style, capsize=3, label=label,
+            )  # fmt: skip
+            rel = [r.get("relief") for r in pts]
+            if m != "a" and all(v is not None for v in rel):
+                ax_r.errorbar(
+                    x, rel, yerr=[[v - r["relief_min"] for v, r in zip(rel, pts, strict=True)],
+                                  [r["relief_max"] - v for v, r in zip(rel, pts, strict=True)]],
+                    color=colour, marker=marker, linestyle=style, capsize=3, label=label,
+                )  # fmt: skip
+            ax_p.plot(
+                x, [r["pool_egress"] for r in pts], color=colour, marker=marker, linestyle=style,
+                label=label,
+            )  # fmt: skip
+        ax_r.plot(ns, ns, color="k", linewidth=1, alpha=0.5, linestyle="-.", label="ideal: N")
+        ax_p.plot(ns, ns, color="k", linewidth=1, alpha=0.5, linestyle="-.", label="N x prefix")
+        ax_t.set_yscale("log")
+        ticks = [t for t in (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200)]
+        ax_t.yaxis.set_major_locator(FixedLocator(ticks))
+        ax_t.yaxis.set_minor_locator(NullLocator())
+        ax_t.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax_t.set(
+            xlabel="N hosts fetching",
             ylabel="time until all N hold the prefix (s)",
-            title=f"prefix {size // 1024} KiB: completion",
+            title=f"completion, median and min-max of repeats (prefix {size} KiB)",
         )
-        axes[row][1].set(
-            xscale="log",
-            xlabel="N hosts",
+        ax_r.set(
+            xlabel="N hosts fetching",
+            ylabel="relief T_a / T_mode",
+            title="relief over pool-unicast (higher is better)",
+        )
+        ax_p.set(
+            xlabel="N hosts fetching",
             ylabel="pool egress / prefix bytes",
-            title=f"prefix {size // 1024} KiB: pool egress",
+            title="what the pool nodes sent",
         )
-        for ax in axes[row]:
-            ax.grid(True, which="both", alpha=0.3)
+        for ax in (ax_t, ax_r, ax_p):
+            ax.set_xticks(ns)
+            ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
+        ax_r.set_ylim(bottom=0)
+        ax_p.set_ylim(bottom=0)
+    fig.suptitle(setup, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def relief_table(results: list[PointResult]) -> list[dict[str, Any]]:
-    """Relief ratios T_a(N)/T_x(N) (makespan medians) per prefix size and N."""
+def relief_table(
+    results: list[PointResult], sim: IncastParams | None = None
+) -> list[dict[str, Any]]:
+    """The final table: one row per (prefix size, N, mode).
+
+    Times are makespans (the time until all N hosts hold the verified prefix): ``t_s`` their
+    median over the repeats where every host ended, ``t_min_s``/``t_max_s`` the range. The
+    relief is T_a / T_mode: the median over repeats of the ratio within each repeat, with its
+    range (a repeat of mode a is paired with the same repeat of the mode). ``sim_relief`` is
+    the flow model's prediction at ``sim``'s parameters. Retries, timeouts and repairs are summed
+    over hosts and repeats; ``ok`` counts the hosts that ended verified over all repeats.
+    """
     rows = []
-    for size in sorted({r.nbytes for r in results}):
-        for n in sorted({r.n for r in results}):
-            t: dict[str, float] = {}
-            for m in MODES:
-                vals = [
-                    r.summary()["max_s"]
-                    for r in results
-                    if r.nbytes == size and r.n == n and r.mode == m and r.all_ok
-                ]
-                if vals:
-                    t[m] = statistics.median(vals)
-            row: dict[str, Any] = {
-                "prefix_kib": size // 1024,
-                "n": n,
-                **{f"T_{m}": round(v, 4) for m, v in t.items()},
-            }
-            for m in "bcd":
-                if "a" in t and m in t:
-                    row[f"a/{m}"] = round(t["a"] / t[m], 2)
-            rows.append(row)
+    by_key: dict[tuple[int, int, str], list[PointResult]] = {}
+    for r in results:
+        by_key.setdefault((r.nbytes, r.n, r.mode), []).append(r)
+    for size, n, m in sorted(by_key, key=lambda k: (k[0], k[1], list(MODES).index(k[2]))):
+        pts = by_key[(size, n, m)]
+        good = [r for r in pts if r.all_ok]
+        times = [r.summary()["max_s"] for r in good]
+        row: dict[str, Any] = {
+            "prefix_kib": size // 1024,
+            "n": n,
+            "mode": m,
+            "label": MODES[m].label,
+            "repeats": len(pts),
+            "t_s": round(statistics.median(times), 4) if times else None,
+            "t_min_s": round(min(times), 4) if times else None,
+            "t_max_s": round(max(times), 4) if times else None,
+        }
+        base = {r.repeat: r for r in by_key.get((size, n, "a"), []) if r.all_ok}
+        ratios = [
+            base[r.repeat].summary()["max_s"] / r.summary()["max_s"]
+            for r in good
+            if r.repeat in base and r.summary()["max_s"] > 0
+        ]
+        row["relief"] = round(statistics.median(ratios), 2) if ratios else None
+        row["relief_min"] = round(min(ratios), 2) if ratios else None
+        row["relief_max"] = round(max(ratios), 2) if ratios else None
+        if sim is not None:
+            t_a = predict("a", n, size, sim).max_s
+            row["sim_relief"] = round(t_a / predict(m, n, size, sim).max_s, 2)
+        egress = [r.pool_tx_bytes / r.nbytes for r in pts]
+        row["pool_egress"] = round(statistics.median(egress), 2)
+        row["retries"] = sum(r.total("retries") for r in pts)
+        row["timeouts"] = sum(r.total("timeouts") for r in pts)
+        row["repairs"] = sum(r.total("repairs") for r in pts)
+        row["ok"] = f"{sum(len(r.times) for r in pts)}/{n * len(pts)}"
+        rows.append(row)
     return rows
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    widths = {k: max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in cols}
-    print("  ".join(k.rjust(widths[k]) for k in cols))
-    for r in rows:
-        print("  ".join(str(r.get(k, "")).rjust(widths[k]) for k in cols))
+def fit_sim(results: list[PointResult], pool_mbit: float, host_mbit: float) -> IncastParams:
+    """The flow model's parameters for this run.
+
+    The link rates are the emulation's. The switch's packet rate and the cost of a multicast
+    copy are properties of the switch process on this machine, so they are fitted to the run
+    itself as ``experiments.sim.validate --calibrate`` does: the rate to mode d at the largest
+    N (every host's GETs pass the switch), the copy cost to mode c there. Without those points
+    the switch is taken as no limit.
+    """
+    params = IncastParams(pool_mbit=pool_mbit, host_mbit=host_mbit, frag_bytes=c.FRAG_BYTES)
+    rows = relief_table(results)
+    top = max((r["n"] for r in rows), default=0)
+
+    def measured(mode: str) -> Measured | None:
+        for r in rows:
+            if r["mode"] == mode and r["n"] == top and r["t_s"] is not None:
+                pts = [p for p in results if p.mode == mode and p.n == top]
+                tx = statistics.median(p.pool_tx_bytes for p in pts)
+                return Measured(mode, top, r["prefix_kib"] * 1024, r["t_s"], r["t_s"], tx, 1)
+        return None
+
+    d, cc = measured("d"), measured("c")
+    if d is not None and top > 1:
+        params = replace(params, switch_pps=calibrate_switch_pps(d, params))
+        if cc is not None:
+            params = replace(params, replica_cost=calibrate_replica_cost(cc, params))
+    return params
+
+
+def format_table(rows: list[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
+    """The table as aligned text: a title, a header, a block of rows per N, notes."""
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("N", lambda r: str(r["n"])),
+        ("mode", lambda r: r["mode"]),
+        ("", lambda r: r["label"]),
+        ("T all N (s)", lambda r: _num(r["t_s"], 3)),
+        ("min-max", lambda r: f"{_num(r['t_min_s'], 2)}-{_num(r['t_max_s'], 2)}"),
+        ("relief a/x", lambda r: _num(r["relief"], 1)),
+        ("min-max ", lambda r: f"{_num(r['relief_min'], 1)}-{_num(r['relief_max'], 1)}"),
+        ("sim a/x", lambda r: _num(r.get("sim_relief"), 1)),
+        ("pool egress", lambda r: f"{r['pool_egress']:.2f}x"),
+        ("retries", lambda r: str(r["retries"])),
+        ("timeouts", lambda r: str(r["timeouts"])),
+        ("repairs", lambda r: str(r["repairs"])),
+        ("ok", lambda r: r["ok"]),
+    ]
+    cells = [[f(r) for _, f in cols] for r in rows]
+    widths = [max([len(h)] + [len(c_[i]) for c_ in cells]) for i, (h, _) in enumerate(cols)]
+    left = {1, 2}
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.ljust(w) if i in left else v.rjust(w)
+            for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        ).rstrip()
+
+    header = line([h for h, _ in cols])
+    out = [title, "=" * min(len(title), len(header)), header, "-" * len(header)]
+    last_key = None
+    for r, cell in zip(rows, cells, strict=True):
+        key = (r["prefix_kib"], r["n"])
+        if last_key is not None and key != last_key:
+            out.append("")
+        last_key = key
+        out.append(line(cell))
+    out += ["-" * len(header), *notes]
+    return "\n".join(out)
+
+
+def _num(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: runs the sweep, prints the relief table, writes CSVs and the plot."""
+    """Command line: runs the sweep, writes CSVs and the plot, prints the table last."""
     ap = argparse.ArgumentParser(
         prog="python -m experiments.incast", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--hosts", default="1,2,4,8,16", help="comma-separated N values")
-    ap.add_argument("--modes", default="abcd")
+    ap.add_argument("--hosts", default="1,2,4,8,16,32", help="comma-separated N values")
+    ap.add_argument(
+        "--modes", default=DEFAULT_MODES, help=f"comma-separated, of {', '.join(MODES)}"
+    )
     ap.add_argument("--prefix-kib", default="256", help="comma-separated prefix sizes in KiB")
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pool-mbit", type=float, default=2.0, help="pool link rate (see docs)")
     ap.add_argument("--host-mbit", type=float, default=20.0, help="GPU host link rate")
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
@@ -516,8 +852,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        ap.error(str(exc))
     ns = [int(x) for x in args.hosts.split(",")]
     sizes = [int(x) * 1024 for x in args.prefix_kib.split(",")]
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     if max(sizes) > c.NUM_FRAG_SLOTS * c.FRAG_BYTES:
         ap.error(f"a prefix must fit switch SRAM ({c.NUM_FRAG_SLOTS * c.FRAG_BYTES} bytes)")
     switch_cls: type[P4Switch] = {
@@ -527,40 +869,62 @@ def main(argv: list[str] | None = None) -> int:
     }[args.switch]
     spec = ClusterSpec(
         n_hosts=max(ns),
-        n_pools=1,
+        n_pools=max(MODES[m].replicas for m in modes),
         host_link=LinkSpec(bw_mbit=args.host_mbit),
         pool_link=LinkSpec(bw_mbit=args.pool_mbit),
     )
     pool_backend = args.pool_backend
     if pool_backend == "auto":
         pool_backend = "mooncake" if find_master_binary() else "memory"
-    print(
-        f"incast: switch={switch_cls.kind} pool={pool_backend} N={ns} prefix={args.prefix_kib} KiB "
-        f"modes={args.modes} pool link {args.pool_mbit} Mbit/s, host links "
-        f"{args.host_mbit} Mbit/s, FRAG_BYTES={c.FRAG_BYTES}",
-        flush=True,
+    target = {"refswitch": "the Python reference target", "bmv2": "BMv2 simple_switch_grpc"}
+    kib = ",".join(str(s // 1024) for s in sizes)
+    setup = (
+        f"N-to-1 incast on Mininet: switch {switch_cls.kind} ({target[switch_cls.kind]}), "
+        f"{spec.n_pools} pool node(s) on {pool_backend}, pool links {args.pool_mbit:g} Mbit/s, "
+        f"host links {args.host_mbit:g} Mbit/s, prefix {kib} KiB in {c.FRAG_BYTES}-byte "
+        f"fragments, {args.repeats} repeat(s)"
     )
+    print(f"incast: {setup}; N={ns} modes={','.join(modes)}", flush=True)
+    t0 = time.monotonic()
     results = run_sweep(
         spec,
         switch_cls,
-        list(args.modes),
+        modes,
         ns,
         sizes,
         args.repeats,
         progress=lambda s: print(s, flush=True),
         pool_backend=pool_backend,
     )
-    paths = write_outputs(results, args.out)
-    print()
-    _print_table(relief_table(results))
+    sim = fit_sim(results, args.pool_mbit, args.host_mbit)
+    rows = relief_table(results, sim)
+    paths = write_outputs(results, args.out, setup, rows)
     for r in results:
         s = r.summary()
         print(
-            f"result incast mode={r.mode} n={r.n} prefix_bytes={r.nbytes} "
+            f"result incast mode={r.mode} n={r.n} prefix_bytes={r.nbytes} repeat={r.repeat} "
             f"max_s={s['max_s']:.4f} p50_s={s['p50_s']:.4f} p99_s={s['p99_s']:.4f} "
-            f"pool_tx_over_prefix={s['pool_tx_over_prefix']} ok={s['ok_hosts']}/{r.n}"
+            f"pool_tx_over_prefix={s['pool_tx_over_prefix']} ok={s['ok_hosts']}/{r.n} "
+            f"retries={s['retries']} timeouts={s['timeouts']} repairs={s['repairs']}"
         )
-    print(f"wrote {paths['hosts']}, {paths['summary']}, {paths['plot']}")
+    fitted = (
+        f"switch {sim.switch_pps:,.0f} forwards/s and copy cost {sim.replica_cost:.2f} fitted "
+        f"to d and c at the largest N (those two are fits, not predictions)"
+        if sim.switch_pps
+        else "the switch taken as no limit (no d point to fit its rate to)"
+    )
+    notes = [
+        "T all N: time until every one of the N hosts holds the whole prefix, CRC-checked and "
+        "compared byte for byte",
+        "relief a/x: T_a / T_x within each repeat; median and range over repeats",
+        f"sim a/x: the flow model (experiments/sim/incast.py) at these link rates, {fitted}",
+        "pool egress: bytes the pool nodes sent / prefix bytes; retries, timeouts, repairs: "
+        "summed over hosts and repeats",
+        f"wrote {paths['hosts']}, {paths['summary']}, {paths['table']}, {paths['plot']} "
+        f"in {time.monotonic() - t0:.0f} s",
+    ]
+    print()
+    print(format_table(rows, "kvcast incast: " + setup, notes))
     return 0 if all(r.all_ok for r in results) else 1
 
 

@@ -10,6 +10,9 @@ cluster simulation, so the validation against the emulation tests the model itse
 - ``c`` sram-multicast: the prefix is in switch SRAM; one host's GETs (one per fragment) name
   the group and the switch answers every member.
 - ``d`` sram-unicast: every host GETs every fragment from the switch.
+- ``r2``, ``r4`` pool-replicas-k: the baseline without the switch's help, Mooncake's answer to
+  a hot object: k pool nodes each hold a copy, each behind its own pool link, and host i reads
+  the whole prefix from replica ``i mod k`` (unicast): the k pool links carry it N times.
 
 Links: the pool link (bytes/s, pool DATA frames), each host link (bytes/s), the switch's packet
 rate (``switch_pps``: unicast forwards per second, one packet in and one out; each copy sent
@@ -25,6 +28,7 @@ Classes:
 Functions:
     predict: run one point.
     relief: T_a / T_x for each mode x.
+    replicas: how many pool nodes a mode reads.
 
 Constants:
     MODES: mode names and labels.
@@ -39,14 +43,21 @@ from dataclasses import dataclass, field
 from experiments.sim.flows import FlowNetwork, Link
 from experiments.sim.hardware import WireFormat, bmv2
 
-__all__ = ["MODES", "IncastParams", "IncastPoint", "predict", "relief"]
+__all__ = ["MODES", "IncastParams", "IncastPoint", "predict", "relief", "replicas"]
 
 MODES = {
     "a": "pool-unicast",
     "b": "pool-multicast",
     "c": "sram-multicast",
     "d": "sram-unicast",
+    "r2": "pool-replicas-2",
+    "r4": "pool-replicas-4",
 }
+
+
+def replicas(mode: str) -> int:
+    """Pool nodes holding the prefix in ``mode``: k for ``rK``, 1 otherwise."""
+    return int(mode[1:]) if mode.startswith("r") else 1
 
 
 def _emulation_wire() -> WireFormat:
@@ -105,7 +116,7 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
     """Predict one point with the flow model.
 
     Args:
-        mode: ``a``, ``b``, ``c`` or ``d``.
+        mode: one of :data:`MODES`.
         n: hosts (>= 1).
         prefix_bytes: prefix size (> 0).
         p: the setup.
@@ -129,7 +140,8 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
     pool_coef = wire.data_frames_bytes(prefix_bytes, frag) / prefix_bytes
     sram_coef = wire.sram_coef(frag)
     net = FlowNetwork()
-    pool = net.link("pool", p.pool_mbit * 1e6 / 8)
+    pools = [net.link(f"pool{j}", p.pool_mbit * 1e6 / 8) for j in range(replicas(mode))]
+    pool = pools[0]
     hosts = [net.link(f"host{i}", p.host_mbit * 1e6 / 8) for i in range(n)]
     switch: Link | None = net.link("switch", p.switch_pps) if p.switch_pps else None
     agents = [net.link(f"agent{i}", p.host_pps) for i in range(n)] if p.host_pps else []
@@ -141,9 +153,9 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
         return path
 
     flows = []
-    if mode == "a":
+    if mode == "a" or mode.startswith("r"):
         for i in range(n):
-            path = [(pool, pool_coef), *host_path(i, pool_coef, 1 / per_data)]
+            path = [(pools[i % len(pools)], pool_coef), *host_path(i, pool_coef, 1 / per_data)]
             if switch is not None:
                 path.append((switch, 2 / per_data))  # GET forward + DATA forward
             flows.append(net.start(prefix_bytes, path))
@@ -180,7 +192,7 @@ def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoin
 
 
 def relief(n: int, prefix_bytes: int, p: IncastParams) -> dict[str, float]:
-    """Relief ratios T_a(N) / T_x(N) for x in b, c, d (makespans).
+    """Relief ratios T_a(N) / T_x(N) for every other mode x (makespans).
 
     Args:
         n: hosts.
@@ -188,7 +200,7 @@ def relief(n: int, prefix_bytes: int, p: IncastParams) -> dict[str, float]:
         p: the setup.
 
     Returns:
-        ``{"a/b": ..., "a/c": ..., "a/d": ...}``.
+        ``{"a/b": ..., "a/c": ..., "a/d": ..., "a/r2": ..., "a/r4": ...}``.
     """
     t = {m: predict(m, n, prefix_bytes, p).max_s for m in MODES}
-    return {f"a/{m}": t["a"] / t[m] for m in "bcd"}
+    return {f"a/{m}": t["a"] / t[m] for m in MODES if m != "a"}

@@ -1,7 +1,7 @@
 """Validate the flow model against the emulation's measured N-to-1 incast.
 
 Reads the summary CSV written by ``python -m experiments.incast`` (columns ``mode, n,
-prefix_bytes, max_s, p50_s, pool_tx_bytes``; modes ``a``-``d``; repeated points are reduced to
+prefix_bytes, max_s, p50_s, pool_tx_bytes``; modes ``a``-``d``, ``r2``, ``r4``; repeated points are reduced to
 their median; a row whose ``ok_hosts`` is below ``n`` is skipped), runs
 :mod:`experiments.sim.incast` at the emulation's link parameters and compares, per prefix size
 and N:
@@ -238,8 +238,8 @@ def compare(
         for m, pt in meas.items():
             out.append(Comparison(size, n, f"T_{m}", pt.max_s, pred[m].max_s, False))
         if "a" in meas:
-            for m in "bcd":
-                if m in meas and meas[m].max_s > 0:
+            for m in MODES:
+                if m != "a" and m in meas and meas[m].max_s > 0:
                     counted = not any(
                         c.mode == m and (c.prefix_bytes, c.n) == (size, n) for c in calibrated
                     )

@@ -3,7 +3,9 @@
 It fails if the modes stop differing as they should. The checks are on bytes and counters,
 which the modes fix exactly, not on times, which a shared machine makes noisy: the pool sends
 the prefix once per host by unicast (a), once in all with multicast (b), and not at all when the
-switch serves from SRAM (c, d); the switch answers from SRAM only in c and d.
+switch serves from SRAM (c, d), and once per host spread over two pool nodes (r2); the switch
+answers from SRAM only in c and d. Each GPU host runs one agent for the whole sweep, over two
+repeats.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ def results() -> dict[str, object]:
     from experiments.incast import run_sweep
 
     spec = ClusterSpec(
-        n_hosts=N, n_pools=1, host_link=LinkSpec(bw_mbit=200), pool_link=LinkSpec(bw_mbit=20)
+        n_hosts=N, n_pools=2, host_link=LinkSpec(bw_mbit=200), pool_link=LinkSpec(bw_mbit=20)
     )
     # The pool node as `make demo` runs it: Mooncake Store where it is installed.
     backend = "memory" if MOONCAKE_MISSING else "mooncake"
     got = run_sweep(
-        spec, RefSwitch, ["a", "b", "c", "d"], [N], [PREFIX], repeats=1,
+        spec, RefSwitch, ["a", "b", "c", "d", "r2"], [N], [PREFIX], repeats=2,
         progress=lambda _s: None, pool_backend=backend,
     )  # fmt: skip
-    return {r.mode: r for r in got}
+    assert [r.repeat for r in got] == [0] * 5 + [1] * 5
+    return {r.mode: r for r in got}  # the second repeat of each
 
 
 def test_every_host_ends_with_the_verified_prefix_in_every_mode(results: dict) -> None:
@@ -72,3 +75,15 @@ def test_only_sram_modes_hit_the_switch_cache(results: dict) -> None:
 def test_multicast_needs_fewer_switch_hits_than_unicast(results: dict) -> None:
     # c: one leader's GETs serve both hosts; d: each host asks for every fragment itself.
     assert results["d"].counters["get_hit"] >= N * results["c"].counters["get_hit"] * 0.9
+
+
+def test_replicas_spread_the_hosts_over_two_pool_nodes(results: dict) -> None:
+    r2 = results["r2"]
+    assert [(h["host"], h["replica"]) for h in r2.hosts] == [("h1", 0), ("h2", 1)]
+    assert N * PREFIX <= r2.pool_tx_bytes < N * PREFIX * 1.3
+    assert r2.counters["get_hit"] == 0 and r2.counters["get_bypass"] > 0
+
+
+def test_rows_name_hosts_by_mininet_name_and_keep_the_role(results: dict) -> None:
+    roles = [(h["host"], h["role"]) for h in results["c"].hosts]
+    assert roles == [("h1", "leader"), ("h2", "follower")]

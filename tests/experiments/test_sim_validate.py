@@ -75,7 +75,7 @@ def test_validator_reports_every_ratio_within_tolerance_for_data_the_model_expla
         parse_result(line) for line in out.splitlines() if line.startswith("result validate")
     ]
     ratios = [f for _, f in results if f.get("quantity", "").startswith("a/")]
-    assert {f["quantity"] for f in ratios} == {"a/b", "a/c", "a/d"}
+    assert {f["quantity"] for f in ratios} == {f"a/{m}" for m in MODES if m != "a"}
     assert all(f["within"] == "yes" for f in ratios)
     summary_line = [f for _, f in results if f.get("summary") == "relief"]
     assert summary_line and summary_line[0]["compared"] == summary_line[0]["within"]
@@ -111,7 +111,7 @@ def test_calibration_recovers_the_switch_rate_and_replica_cost(tmp_path, capsys)
 def test_repeats_are_reduced_to_their_median_and_failed_rows_skipped(tmp_path):
     summary = _write_summary(tmp_path / "summary.csv", noise=0.2, repeats=3)
     points = validate.read_summary(summary)
-    assert len(points) == 5 * 4
+    assert len(points) == 5 * len(MODES)
     assert all(p.repeats == 3 for p in points)
     failed = _write_summary(tmp_path / "failed.csv", ok_hosts=0)
     assert [p for p in validate.read_summary(failed) if p.n > 0] == []
@@ -122,3 +122,13 @@ def test_a_summary_without_the_contract_columns_is_refused(tmp_path, capsys):
     bad.write_text("mode,n,max_s\na,1,0.1\n")
     assert validate.main(_args(bad, tmp_path / "out")) == 2
     assert "missing column" in capsys.readouterr().err
+
+
+def test_replicas_split_the_pool_load_k_ways() -> None:
+    p = IncastParams(pool_mbit=2.0, host_mbit=20.0)
+    a, r2, r4 = (predict(m, 8, 256 * 1024, p) for m in ("a", "r2", "r4"))
+    assert r2.max_s == pytest.approx(a.max_s / 2, rel=0.02)
+    assert r4.max_s == pytest.approx(a.max_s / 4, rel=0.02)
+    assert a.pool_tx_bytes == r2.pool_tx_bytes == r4.pool_tx_bytes  # N copies either way
+    one = predict("a", 1, 256 * 1024, p).max_s
+    assert predict("r4", 1, 256 * 1024, p).max_s == pytest.approx(one)  # one host: one replica
