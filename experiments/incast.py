@@ -72,6 +72,7 @@ from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast.p4rt_client import P4RuntimeClientError
 from poolnode.mooncake import find_master_binary
 
 TENANT = 7
@@ -148,6 +149,7 @@ class PointResult:
     pool_tx_bytes: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     repeat: int = 0
+    error: str = ""
 
     @property
     def times(self) -> list[float]:
@@ -178,6 +180,7 @@ class PointResult:
             "timeouts": self.total("timeouts"),
             "repairs": self.total("repairs"),
             "stalled_hosts": sum(1 for h in self.hosts if h.get("stalled")),
+            "error": self.error,
             "p50_s": statistics.median(t) if t else float("nan"),
             "p99_s": p99,
             "max_s": t[-1] if t else float("nan"),
@@ -508,10 +511,14 @@ def run_point(
         rec.pop("host", None)
         result.hosts.append({"host": name, "role": role, "replica": i % mode.replicas, **rec})
     result.pool_tx_bytes = _pool_tx_bytes(cluster) - tx0
-    ev1 = _event_counters(cluster)
-    result.counters = {name: ev1.get(i, 0) - ev0.get(i, 0) for i, name in _EVENT_NAMES.items()}
-    if mode.group:
-        client.multicast_group(group, [], update=p4r.Update.DELETE)
+    try:
+        # The hosts' outcomes are in; a switch that died meanwhile loses only its counters.
+        ev1 = _event_counters(cluster)
+        result.counters = {n: ev1.get(i, 0) - ev0.get(i, 0) for i, n in _EVENT_NAMES.items()}
+        if mode.group:
+            client.multicast_group(group, [], update=p4r.Update.DELETE)
+    except P4RuntimeClientError as exc:
+        result.error = f"switch after the fetch: {exc}"
     return result
 
 
@@ -579,9 +586,14 @@ def run_sweep(
         stack.callback(agents.close)
         t0 = time.time()
         for done, (size, n, m, rep) in enumerate(points, 1):
-            res = run_point(
-                cluster, agents, MODES[m], n, size, keys[size], group=100 + done, repeat=rep
-            )
+            try:
+                res = run_point(
+                    cluster, agents, MODES[m], n, size, keys[size], group=100 + done, repeat=rep
+                )
+            except P4RuntimeClientError as exc:
+                # A switch that cannot be programmed fails this point, not the whole sweep:
+                # the points measured so far and those after it still reach the CSVs.
+                res = PointResult(m, n, size, repeat=rep, error=f"switch: {exc}")
             results.append(res)
             s = res.summary()
             progress(
@@ -590,6 +602,7 @@ def run_sweep(
                 f"max={s['max_s']:.3f}s p50={s['p50_s']:.3f}s "
                 f"pool_tx={s['pool_tx_over_prefix']:.2f}x ok={s['ok_hosts']}/{n} "
                 f"retries={s['retries']} timeouts={s['timeouts']} repairs={s['repairs']}"
+                + (f" error={res.error}" if res.error else "")
             )
     return results
 
@@ -649,7 +662,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, setup: str) -> None:
         ns = sorted({r["n"] for r in mine})
         modes = [m for m in MODES if any(r["mode"] == m for r in mine)]
         for k, m in enumerate(modes):
-            pts = sorted((r for r in mine if r["mode"] == m), key=lambda r: r["n"])
+            # Points where no repeat ended with every host served have no time to draw.
+            pts = sorted(
+                (r for r in mine if r["mode"] == m and r["t_s"] is not None), key=lambda r: r["n"]
+            )
+            if not pts:
+                continue
             colour, marker, style = _STYLE.get(m, ("k", "o", "-"))
             label = f"({m}) {MODES[m].label}"
             # A small horizontal offset per mode keeps overlapping series apart.
@@ -660,11 +678,13 @@ def _plot(rows: list[dict[str, Any]], path: Path, setup: str) -> None:
                             [r["t_max_s"] - v for v, r in zip(t, pts, strict=True)]],
                 color=colour, marker=marker, linestyle=style, capsize=3, label=label,
             )  # fmt: skip
-            rel = [r.get("relief") for r in pts]
-            if m != "a" and all(v is not None for v in rel):
+            rel_pts = [(xi, r) for xi, r in zip(x, pts, strict=True) if r["relief"] is not None]
+            if m != "a" and rel_pts:
+                rel = [r["relief"] for _, r in rel_pts]
                 ax_r.errorbar(
-                    x, rel, yerr=[[v - r["relief_min"] for v, r in zip(rel, pts, strict=True)],
-                                  [r["relief_max"] - v for v, r in zip(rel, pts, strict=True)]],
+                    [xi for xi, _ in rel_pts], rel,
+                    yerr=[[v - r["relief_min"] for v, (_, r) in zip(rel, rel_pts, strict=True)],
+                          [r["relief_max"] - v for v, (_, r) in zip(rel, rel_pts, strict=True)]],
                     color=colour, marker=marker, linestyle=style, capsize=3, label=label,
                 )  # fmt: skip
             ax_p.plot(
@@ -793,9 +813,9 @@ def format_table(rows: list[dict[str, Any]], title: str, notes: Sequence[str] = 
         ("mode", lambda r: r["mode"]),
         ("", lambda r: r["label"]),
         ("T all N (s)", lambda r: _num(r["t_s"], 3)),
-        ("min-max", lambda r: f"{_num(r['t_min_s'], 2)}-{_num(r['t_max_s'], 2)}"),
+        ("min-max", lambda r: _range(r["t_min_s"], r["t_max_s"], 2)),
         ("relief a/x", lambda r: _num(r["relief"], 1)),
-        ("min-max ", lambda r: f"{_num(r['relief_min'], 1)}-{_num(r['relief_max'], 1)}"),
+        ("min-max ", lambda r: _range(r["relief_min"], r["relief_max"], 1)),
         ("sim a/x", lambda r: _num(r.get("sim_relief"), 1)),
         ("pool egress", lambda r: f"{r['pool_egress']:.2f}x"),
         ("retries", lambda r: str(r["retries"])),
@@ -828,6 +848,10 @@ def format_table(rows: list[dict[str, Any]], title: str, notes: Sequence[str] = 
 
 def _num(v: float | None, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _range(lo: float | None, hi: float | None, digits: int) -> str:
+    return "-" if lo is None or hi is None else f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,3 +105,15 @@ def test_the_pool_requesters_windows_fit_the_pool_link_queue() -> None:
     assert agent_window(MODES["a"], 4) == 32  # small N keeps the full window
     assert agent_window(MODES["d"], 64) == 32  # the switch path has no such queue
     assert pool_requesters(MODES["b"], 32) == 1 and pool_requesters(MODES["r4"], 6) == 2
+
+
+def test_points_that_failed_outright_are_tabled_and_plotted_without_times(tmp_path: Path) -> None:
+    results = [_point("a", 2, 2.0), _point("c", 2, 0.2),
+               PointResult("d", 2, 1024, error="switch: UNAVAILABLE")]  # fmt: skip
+    paths = write_outputs(results, tmp_path, "a switch died")
+    rows = {r["mode"]: r for r in relief_table(results)}
+    assert rows["d"]["t_s"] is None and rows["d"]["ok"] == "0/2"
+    assert "UNAVAILABLE" in paths["summary"].read_text()
+    d_line = next(ln for ln in format_table(list(rows.values()), "t").splitlines()
+                  if ln.split()[:2] == ["2", "d"])  # fmt: skip
+    assert d_line.split()[3:6] == ["-", "-", "-"]  # no time, no range, no relief

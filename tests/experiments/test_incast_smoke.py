@@ -87,3 +87,32 @@ def test_replicas_spread_the_hosts_over_two_pool_nodes(results: dict) -> None:
 def test_rows_name_hosts_by_mininet_name_and_keep_the_role(results: dict) -> None:
     roles = [(h["host"], h["role"]) for h in results["c"].hosts]
     assert roles == [("h1", "leader"), ("h2", "follower")]
+
+
+def test_a_switch_that_dies_mid_sweep_fails_its_points_not_the_sweep(monkeypatch) -> None:
+    if os.geteuid() != 0 or shutil.which("mnexec") is None:
+        pytest.skip("Mininet needs root and mnexec (make setup installs it)")
+    import experiments.incast as incast
+
+    clusters: list[object] = []
+
+    class Recorded(incast.Cluster):  # type: ignore[misc,name-defined]
+        def __enter__(self):
+            clusters.append(self)
+            return super().__enter__()
+
+    def kill_switch_after_first_point(line: str) -> None:
+        if line.startswith("[  1/"):
+            clusters[0].switch.process.proc.kill()  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(incast, "Cluster", Recorded)
+    spec = ClusterSpec(
+        n_hosts=N, n_pools=1, host_link=LinkSpec(bw_mbit=200), pool_link=LinkSpec(bw_mbit=20)
+    )
+    got = incast.run_sweep(
+        spec, RefSwitch, ["c", "d"], [N], [PREFIX], repeats=1,
+        progress=kill_switch_after_first_point, pool_backend="memory",
+    )  # fmt: skip
+    assert [r.mode for r in got] == ["c", "d"]
+    assert got[0].all_ok and not got[0].error
+    assert not got[1].all_ok and got[1].error.startswith("switch")
