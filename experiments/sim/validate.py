@@ -1,8 +1,8 @@
 """Validate the flow model against the emulation's measured N-to-1 incast.
 
 Reads the summary CSV written by ``python -m experiments.incast`` (columns ``mode, n,
-prefix_bytes, max_s, p50_s, pool_tx_bytes``; modes ``a``-``d``, ``r2``, ``r4``; repeated points are reduced to
-their median; a row whose ``ok_hosts`` is below ``n`` is skipped), runs
+prefix_bytes, max_s, p50_s, pool_tx_bytes``; modes ``a``-``d``, ``r2``, ``r4``; repeated points
+are reduced to their median; a row whose ``ok_hosts`` is below ``n`` is skipped), runs
 :mod:`experiments.sim.incast` at the emulation's link parameters and compares, per prefix size
 and N:
 
