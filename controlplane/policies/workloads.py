@@ -18,6 +18,10 @@ Functions:
         popularity churn, unique per-request suffixes.
     agentic_fanout_workload: agent tasks that fan out into parallel branches on distinct hosts
         sharing a system prompt, a tool-definition prefix and the task context.
+    multitenant_prompts_workload: many tenants, each with a few long system prompts (and
+        few-shot examples) of its own, tenant traffic Zipf-skewed, short unique questions.
+    chat_sessions_workload: multi-turn chat: each turn's prompt is the session's whole history
+        plus the new message, turns separated by the user's think time.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ __all__ = [
     "Workload",
     "TRACE_ENV",
     "agentic_fanout_workload",
+    "chat_sessions_workload",
     "default_trace_path",
     "load_mooncake_trace",
+    "multitenant_prompts_workload",
     "zipf_prefix_workload",
 ]
 
@@ -432,4 +438,152 @@ def agentic_fanout_workload(
         block_bytes,
         f"{n_tasks} agent tasks at {task_rate_per_s:g}/s, fan-out {fanout_min}-{fanout_max} "
         f"over {hosts} hosts, {steps_mean:g} steps/branch, seed {seed}",
+    )
+
+
+def multitenant_prompts_workload(
+    *,
+    n_requests: int = 12000,
+    n_tenants: int = 40,
+    tenant_alpha: float = 1.1,
+    prompts_per_tenant: int = 3,
+    prompt_blocks_mean: float = 6.0,
+    examples_blocks_max: int = 4,
+    question_blocks_mean: float = 1.5,
+    rate_per_s: float = 6.0,
+    hosts: int = 16,
+    seed: int = 3,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    name: str = "multitenant",
+) -> Workload:
+    """Many tenants behind one service, each with a few long system prompts of its own.
+
+    A tenant is picked by Zipf(``tenant_alpha``) over ``n_tenants`` (a few large customers,
+    a long tail), then one of its ``prompts_per_tenant`` prompts uniformly. A prompt is a
+    system prompt (geometric, mean ``prompt_blocks_mean`` blocks) and, for half the requests,
+    a few-shot example block set (1 to ``examples_blocks_max`` blocks) chosen from two per
+    prompt; a unique question (geometric, mean ``question_blocks_mean``) ends the request. Keys
+    are per tenant (the tenant salts the block hash), so no block is shared across tenants.
+
+    Args:
+        n_requests: number of requests.
+        n_tenants: tenants.
+        tenant_alpha: Zipf exponent of tenant traffic.
+        prompts_per_tenant: distinct system prompts per tenant.
+        prompt_blocks_mean: mean system-prompt length in blocks.
+        examples_blocks_max: longest few-shot block set.
+        question_blocks_mean: mean unique question length in blocks.
+        rate_per_s: request rate (Poisson).
+        hosts: number of hosts (uniform).
+        seed: random seed.
+        block_bytes: bytes per block.
+        name: workload name.
+
+    Returns:
+        The workload.
+    """
+    rng = random.Random(seed)
+    keys = _Keys(seed * 2 + 1)
+    prompts = [
+        [keys.take(_geometric(rng, prompt_blocks_mean)) for _ in range(prompts_per_tenant)]
+        for _ in range(n_tenants)
+    ]
+    examples = {
+        (t, p, e): keys.take(rng.randint(1, examples_blocks_max))
+        for t in range(n_tenants)
+        for p in range(prompts_per_tenant)
+        for e in range(2)
+    }
+    order = list(range(n_tenants))
+    rng.shuffle(order)
+    cdf = _zipf_cdf(n_tenants, tenant_alpha)
+    t = 0.0
+    requests = []
+    for _ in range(n_requests):
+        t += rng.expovariate(rate_per_s)
+        tenant = order[_pick(cdf, rng.random())]
+        p = rng.randrange(prompts_per_tenant)
+        blocks = prompts[tenant][p]
+        if rng.random() < 0.5:
+            blocks += examples[tenant, p, rng.randrange(2)]
+        blocks += keys.take(_geometric(rng, question_blocks_mean))
+        requests.append(Request(t, rng.randrange(hosts), tenant, blocks))
+    return Workload(
+        name,
+        tuple(requests),
+        block_bytes,
+        f"{n_tenants} tenants (Zipf {tenant_alpha:g}) x {prompts_per_tenant} system prompts, "
+        f"{n_requests} requests at {rate_per_s:g}/s, seed {seed}",
+    )
+
+
+def chat_sessions_workload(
+    *,
+    n_sessions: int = 1500,
+    n_system_prompts: int = 4,
+    system_blocks: int = 2,
+    turns_mean: float = 5.0,
+    message_blocks_max: int = 2,
+    reply_blocks_max: int = 2,
+    think_time_mean_s: float = 45.0,
+    session_rate_per_s: float = 0.8,
+    hosts: int = 16,
+    affinity: float = 0.0,
+    seed: int = 4,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    name: str = "chat",
+) -> Workload:
+    """Multi-turn chat sessions with the user's think time between turns.
+
+    Sessions arrive Poisson (``session_rate_per_s``) on one of ``n_system_prompts`` system
+    prompts. A session runs a geometric number of turns (mean ``turns_mean``); each turn's
+    prompt is the system prompt, every earlier message and reply of the session, and the new
+    message (1 to ``message_blocks_max`` blocks); its reply (1 to ``reply_blocks_max`` blocks)
+    joins the history. Turns are separated by exponential think times (mean
+    ``think_time_mean_s``), so a session's prefix returns after tens of seconds, as in the
+    conversation trace. With ``affinity`` p, a turn goes to the session's previous host with
+    probability p (a prefix-aware router), else to a random one.
+
+    Args:
+        n_sessions: sessions.
+        n_system_prompts: distinct system prompts.
+        system_blocks: blocks per system prompt.
+        turns_mean: mean turns per session.
+        message_blocks_max: longest user message, in blocks.
+        reply_blocks_max: longest reply, in blocks.
+        think_time_mean_s: mean gap between a session's turns.
+        session_rate_per_s: session arrival rate.
+        hosts: number of hosts.
+        affinity: probability that a turn stays on the session's host.
+        seed: random seed.
+        block_bytes: bytes per block.
+        name: workload name.
+
+    Returns:
+        The workload.
+    """
+    rng = random.Random(seed)
+    keys = _Keys(seed * 2 + 1)
+    systems = [keys.take(system_blocks) for _ in range(n_system_prompts)]
+    requests: list[Request] = []
+    t = 0.0
+    for _ in range(n_sessions):
+        t += rng.expovariate(session_rate_per_s)
+        history = systems[rng.randrange(n_system_prompts)]
+        host = rng.randrange(hosts)
+        ts = t
+        for _turn in range(_geometric(rng, turns_mean)):
+            history += keys.take(rng.randint(1, message_blocks_max))
+            if rng.random() >= affinity:
+                host = rng.randrange(hosts)
+            requests.append(Request(ts, host, 0, history))
+            history += keys.take(rng.randint(1, reply_blocks_max))
+            ts += rng.expovariate(1.0 / think_time_mean_s)
+    requests.sort(key=lambda r: r.time)
+    return Workload(
+        name,
+        tuple(requests),
+        block_bytes,
+        f"{n_sessions} chat sessions at {session_rate_per_s:g}/s, {turns_mean:g} turns and "
+        f"{think_time_mean_s:g} s think time on average, seed {seed}",
     )

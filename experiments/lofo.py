@@ -1,0 +1,291 @@
+"""Leave-one-family-out: policy parameters chosen on the other workload families, reported on one.
+
+A policy fitted to the one trace at hand says little about the next. This evaluation takes six
+families of workloads (the Mooncake conversation trace, cut into slices, and five generators:
+RAG documents behind system prompts, the same with popularity churn, agentic fan-out, many
+tenants with their own system prompts, and multi-turn chat with think time), several seeds and
+sizes of each, and three SRAM budgets per workload (1, 4 and 16 % of its distinct blocks). The
+score of a run is its prefix byte hits over the offline optimum's (Belady with bypass,
+prefix-closed) at the same budget.
+
+For each policy with parameters (a small grid; the anchors ARC and LRU have none) and each
+family F, the parameters are those with the best mean score over every workload and budget of
+the **other** families; the reported number is their mean score on F. No parameter is ever set
+from the family it is reported on. The table also gives, per family, the best grid point on F
+itself (what tuning to the test family would have bought: the cost of not being allowed to)
+and, per policy, its worst family.
+
+Run: ``python -m experiments.lofo`` (``--quick``: one seed, smaller workloads, two budgets).
+Writes ``lofo.csv`` (every run) and ``lofo_table.csv`` under ``--out`` and prints the table and
+``result lofo ...`` lines.
+
+Classes:
+    Case: one workload at one budget.
+
+Functions:
+    families: the workloads of every family.
+    run_grid: every (policy, parameters) on every case, as scores.
+    leave_one_out: the protocol over the scores.
+    main: command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controlplane.policies import make_policy
+from controlplane.policies.evaluate import opt_result, replay
+from controlplane.policies.workloads import (
+    Workload,
+    agentic_fanout_workload,
+    chat_sessions_workload,
+    default_trace_path,
+    load_mooncake_trace,
+    multitenant_prompts_workload,
+    zipf_prefix_workload,
+)
+from experiments.output import write_csv
+from experiments.sim.report import result_line
+
+__all__ = ["GRIDS", "Case", "families", "leave_one_out", "main", "run_grid"]
+
+RESULTS = Path("results/lofo")
+
+Params = Mapping[str, Any]
+
+GRIDS: dict[str, list[dict[str, Any]]] = {
+    "kvcast": [
+        {},
+        {"half_life_s": 30.0},
+        {"half_life_s": 300.0},
+        {"hysteresis": 0.0},
+        {"repeat_host_weight": 1.0},
+        {"prefix_closed": False},
+    ],
+    "wtinylfu": [{}, {"window_fraction": 0.05}, {"window_fraction": 0.2}],
+    "lfu": [{}],
+    "sketch": [{}],
+    "arc": [{}],
+    "lru": [{}],
+}
+"""Parameter grids; ``{}`` is the policy's default. The anchors have nothing to choose."""
+
+BUDGET_FRACTIONS = (0.01, 0.04, 0.16)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload at one budget, with the optimum's hits.
+
+    Attributes:
+        family: the workload family.
+        workload: the workload.
+        blocks: the budget in blocks.
+        opt_hit_bytes: the offline optimum's prefix byte hits at that budget.
+    """
+
+    family: str
+    workload: Workload
+    blocks: int
+    opt_hit_bytes: float
+
+
+def _slice(w: Workload, start: int, n: int, name: str) -> Workload:
+    return Workload(name, w.requests[start : start + n], w.block_bytes, w.description)
+
+
+def families(quick: bool = False, trace: Path | None = None) -> dict[str, list[Workload]]:
+    """Every family's workloads: two seeds and two sizes each (one of each with ``quick``).
+
+    Args:
+        quick: one small workload per family.
+        trace: the conversation trace (default: the shipped one); without it the family is
+            left out.
+
+    Returns:
+        Family name -> its workloads.
+    """
+    scale = [0.25] if quick else [0.5, 1.0]
+    out: dict[str, list[Workload]] = {}
+    path = trace or default_trace_path()
+    if path is not None:
+        n = 1500 if quick else 4000
+        full = load_mooncake_trace(path, limit=2 * n)
+        out["conversation"] = [
+            _slice(full, i * n, n, f"conversation[{i * n}:{(i + 1) * n}]")
+            for i in range(1 if quick else 2)
+        ]
+    gens: dict[str, Callable[[int, float], Workload]] = {
+        "rag": lambda seed, f: zipf_prefix_workload(
+            n_requests=int(8000 * f), seed=seed, name=f"rag-s{seed}"
+        ),
+        "churn": lambda seed, f: zipf_prefix_workload(
+            n_requests=int(8000 * f), seed=seed, churn_period_s=300.0, name=f"churn-s{seed}"
+        ),
+        "agentic": lambda seed, f: agentic_fanout_workload(
+            n_tasks=int(300 * f), seed=seed, name=f"agentic-s{seed}"
+        ),
+        "multitenant": lambda seed, f: multitenant_prompts_workload(
+            n_requests=int(8000 * f), seed=seed, name=f"multitenant-s{seed}"
+        ),
+        "chat": lambda seed, f: chat_sessions_workload(
+            n_sessions=int(1200 * f), seed=seed, name=f"chat-s{seed}"
+        ),
+    }
+    for family, gen in gens.items():
+        out[family] = [gen(10 + i, f) for i, f in enumerate(scale)]
+    return out
+
+
+def make_cases(
+    workloads: Mapping[str, Sequence[Workload]], fractions: Sequence[float]
+) -> list[Case]:
+    """Each workload at each budget (a fraction of its distinct blocks, at least 8 blocks)."""
+    cases = []
+    for family, ws in workloads.items():
+        for w in ws:
+            distinct = len(set(w.key_sequence()))
+            for frac in fractions:
+                blocks = max(8, int(frac * distinct))
+                opt = opt_result(w, blocks * w.block_bytes)
+                cases.append(Case(family, w, blocks, opt.hit_bytes))
+    return cases
+
+
+def run_grid(
+    cases: Sequence[Case],
+    grids: Mapping[str, Sequence[Params]],
+    progress: Callable[[str], None] = lambda _s: None,
+) -> list[dict[str, Any]]:
+    """Replays every (policy, parameters) on every case.
+
+    Returns:
+        One row per run: ``family, workload, blocks, policy, params, score`` (hits over the
+        optimum's; 1.0 where the optimum has none).
+    """
+    rows = []
+    for case in cases:
+        for policy, grid in grids.items():
+            for params in grid:
+                p = make_policy(policy, capacity_bytes=case.blocks * case.workload.block_bytes,
+                                **params)  # fmt: skip
+                r = replay(case.workload, p)
+                score = r.hit_bytes / case.opt_hit_bytes if case.opt_hit_bytes else 1.0
+                rows.append(
+                    {
+                        "family": case.family,
+                        "workload": case.workload.name,
+                        "blocks": case.blocks,
+                        "policy": policy,
+                        "params": _label(params),
+                        "score": round(score, 4),
+                    }
+                )
+        progress(f"# {case.workload.name} at {case.blocks} blocks done")
+    return rows
+
+
+def _label(params: Params) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items())) or "default"
+
+
+def leave_one_out(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The protocol: per (held-out family, policy), parameters chosen on the other families.
+
+    Args:
+        rows: :func:`run_grid`'s rows.
+
+    Returns:
+        One row per (family, policy): ``chosen`` (the parameters picked without the family),
+        ``lofo`` (their mean score on it), ``best_on_family`` and ``best_params`` (the grid's
+        best there, for reference only).
+    """
+    mean: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        mean.setdefault((r["family"], r["policy"], r["params"]), []).append(float(r["score"]))
+    fams = sorted({k[0] for k in mean})
+    policies = list(dict.fromkeys(k[1] for k in mean))
+    out = []
+    for held in fams:
+        for policy in policies:
+            params = sorted({k[2] for k in mean if k[1] == policy})
+
+            def on(fs: Sequence[str], prm: str, policy: str = policy) -> float:
+                vals = [v for f in fs for v in mean.get((f, policy, prm), [])]
+                return statistics.fmean(vals) if vals else 0.0
+
+            others = [f for f in fams if f != held]
+            chosen = max(params, key=lambda prm: (on(others, prm), prm == "default"))
+            best = max(params, key=lambda prm: on([held], prm))
+            out.append(
+                {
+                    "family": held,
+                    "policy": policy,
+                    "chosen": chosen,
+                    "lofo": round(on([held], chosen), 3),
+                    "best_on_family": round(on([held], best), 3),
+                    "best_params": best,
+                }
+            )
+    return out
+
+
+def format_table(table: Sequence[Mapping[str, Any]]) -> str:
+    """Family x policy, the held-out score; a last row with each policy's worst family."""
+    fams = list(dict.fromkeys(r["family"] for r in table))
+    policies = list(dict.fromkeys(r["policy"] for r in table))
+    cell = {(r["family"], r["policy"]): r for r in table}
+    width = max(12, *(len(f) for f in fams))
+    lines = [
+        "leave-one-family-out: mean prefix byte hits / optimum on the held-out family",
+        "family".ljust(width) + "".join(f"{p:>10}" for p in policies),
+    ]
+    for f in fams:
+        lines.append(f.ljust(width) + "".join(f"{cell[f, p]['lofo']:>10.3f}" for p in policies))
+    worst = [min(cell[f, p]["lofo"] for f in fams) for p in policies]
+    lines.append("worst".ljust(width) + "".join(f"{v:>10.3f}" for v in worst))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line.
+
+    Returns:
+        0.
+    """
+    ap = argparse.ArgumentParser(prog="python -m experiments.lofo", description=__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.add_argument("--quick", action="store_true", help="one small workload per family")
+    ap.add_argument("--trace", type=Path, help="conversation trace (default: data/traces/)")
+    ap.add_argument("--policies", default=",".join(GRIDS), help="comma-separated")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    grids = {p: GRIDS[p] for p in args.policies.split(",") if p}
+    unknown = [p for p in args.policies.split(",") if p and p not in GRIDS]
+    if unknown:
+        ap.error(f"no grid for {unknown}; known: {', '.join(GRIDS)}")
+    t0 = time.monotonic()
+    fractions = BUDGET_FRACTIONS[1:] if args.quick else BUDGET_FRACTIONS
+    cases = make_cases(families(args.quick, args.trace), fractions)
+    rows = run_grid(cases, grids, progress=lambda s: print(s, flush=True))
+    table = leave_one_out(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "lofo.csv", rows)
+    write_csv(args.out / "lofo_table.csv", table)
+    for r in table:
+        result_line("lofo", **r)
+    print(format_table(table))
+    print(f"# {len(cases)} cases, {len(rows)} runs in {time.monotonic() - t0:.0f} s; "
+          f"wrote {args.out / 'lofo.csv'}, {args.out / 'lofo_table.csv'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
