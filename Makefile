@@ -14,7 +14,7 @@ setup:
 
 ## demo: install what is needed, then the incast experiment on the emulated cluster (root)
 demo: setup
-	$(PY) -m experiments.incast --hosts 1,2,4,8,16 --out results/demo
+	$(PY) -m experiments.incast --out results/demo
 
 ## test: install what is needed, then run the whole test suite
 test: setup
