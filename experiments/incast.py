@@ -228,7 +228,7 @@ def pool_requesters(mode: Mode, n: int) -> int:
     return 1 if mode.group else -(-n // mode.replicas)
 
 
-def agent_window(mode: Mode, n: int) -> int:
+def agent_window(mode: Mode, n: int, window: int = WINDOW) -> int:
     """GETs each agent keeps outstanding in a point.
 
     Every GET to the pool is answered by one DATA frame that waits in the pool link's queue,
@@ -238,12 +238,14 @@ def agent_window(mode: Mode, n: int) -> int:
     sender's congestion window finds that limit by loss; the agents are given it.
     """
     if mode.via == "switch":
-        return WINDOW
+        return window
     share = int(QUEUE_SHARE * POOL_QUEUE_FRAMES) // pool_requesters(mode, n)
-    return max(1, min(WINDOW, share))
+    return max(1, min(window, share))
 
 
-def get_timeouts(mode: Mode, n: int, pool_mbit: float | None) -> tuple[float, float]:
+def get_timeouts(
+    mode: Mode, n: int, pool_mbit: float | None, window: int = WINDOW
+) -> tuple[float, float]:
     """First and largest GET timeout for the agents of one point.
 
     A GET's reply waits behind everything already queued on the pool link; a timeout shorter
@@ -257,6 +259,7 @@ def get_timeouts(mode: Mode, n: int, pool_mbit: float | None) -> tuple[float, fl
         mode: the point's mode.
         n: hosts fetching.
         pool_mbit: pool link rate (None: unshaped).
+        window: the most GETs one agent keeps outstanding.
 
     Returns:
         (first timeout, largest timeout) in seconds.
@@ -264,7 +267,7 @@ def get_timeouts(mode: Mode, n: int, pool_mbit: float | None) -> tuple[float, fl
     if mode.via == "switch" or pool_mbit is None:
         return 0.1, 1.0
     requesters = pool_requesters(mode, n)
-    frames = requesters * agent_window(mode, n)
+    frames = requesters * agent_window(mode, n, window)
     in_flight = frames * POOL_FRAGS_PER_DATA * (c.FRAG_BYTES + c.KVP_HDR_BYTES)
     first = max(0.1, 2.5 * in_flight * 8 / (pool_mbit * 1e6))
     return first, 4 * first
@@ -448,6 +451,7 @@ def run_point(
     group: int,
     timeout: float = 60.0,
     repeat: int = 0,
+    window: int = WINDOW,
 ) -> PointResult:
     """Measures one point on a running cluster.
 
@@ -462,6 +466,8 @@ def run_point(
         group: a multicast group id not used before in this run.
         timeout: seconds an agent may take.
         repeat: which repeat of the point this is.
+        window: the most GETs one agent keeps outstanding (pool modes: less where the pool
+            link's queue would not hold them all, :func:`agent_window`).
 
     Returns:
         The point's result.
@@ -482,7 +488,7 @@ def run_point(
     tx0, ev0 = _pool_tx_bytes(cluster), _event_counters(cluster)
     result = PointResult(mode.name, n, nbytes, repeat=repeat)
     pool_mbit = cluster.spec.pool_link.bw_mbit
-    timeouts = get_timeouts(mode, n, pool_mbit)
+    timeouts = get_timeouts(mode, n, pool_mbit, window)
     if pool_mbit is not None and mode.via == "pool":
         # Never cut off a fetch that is merely queued: three times the pool link's drain time.
         drain = pool_requesters(mode, n) * nbytes * 1.1 * 8 / (pool_mbit * 1e6)
@@ -501,7 +507,7 @@ def run_point(
             pools[replica].ip,
             timeout,
             timeouts,
-            agent_window(mode, n),
+            agent_window(mode, n, window),
         )
     records = agents.run(lines, timeout + 30)
     for i, (name, rec) in enumerate(records.items()):
@@ -537,6 +543,7 @@ def run_sweep(
     repeats: int,
     progress: Callable[[str], None] = print,
     pool_backend: str = "memory",
+    window: int = WINDOW,
 ) -> list[PointResult]:
     """Runs every (size, N, mode) point ``repeats`` times on one cluster.
 
@@ -554,6 +561,7 @@ def run_sweep(
         pool_backend: ``"memory"``, or ``"mooncake"``: each pool node starts ``mooncake_master``
             in its namespace and serves its prefixes from Mooncake Store (``python -m poolnode
             --start-master``).
+        window: the most GETs one agent keeps outstanding.
 
     Returns:
         Every point's result.
@@ -588,8 +596,9 @@ def run_sweep(
         for done, (size, n, m, rep) in enumerate(points, 1):
             try:
                 res = run_point(
-                    cluster, agents, MODES[m], n, size, keys[size], group=100 + done, repeat=rep
-                )
+                    cluster, agents, MODES[m], n, size, keys[size], group=100 + done,
+                    repeat=rep, window=window,
+                )  # fmt: skip
             except P4RuntimeClientError as exc:
                 # A switch that cannot be programmed fails this point, not the whole sweep:
                 # the points measured so far and those after it still reach the CSVs.
@@ -865,6 +874,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--prefix-kib", default="256", help="comma-separated prefix sizes in KiB")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--window", type=int, default=WINDOW, help="most GETs one agent keeps outstanding"
+    )
     ap.add_argument("--pool-mbit", type=float, default=2.0, help="pool link rate (see docs)")
     ap.add_argument("--host-mbit", type=float, default=20.0, help="GPU host link rate")
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
@@ -882,8 +894,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     ns = [int(x) for x in args.hosts.split(",")]
     sizes = [int(x) * 1024 for x in args.prefix_kib.split(",")]
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.window < 1:
+        ap.error("--repeats and --window must be at least 1")
     if max(sizes) > c.NUM_FRAG_SLOTS * c.FRAG_BYTES:
         ap.error(f"a prefix must fit switch SRAM ({c.NUM_FRAG_SLOTS * c.FRAG_BYTES} bytes)")
     switch_cls: type[P4Switch] = {
@@ -919,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats,
         progress=lambda s: print(s, flush=True),
         pool_backend=pool_backend,
+        window=args.window,
     )
     sim = fit_sim(results, args.pool_mbit, args.host_mbit)
     rows = relief_table(results, sim)

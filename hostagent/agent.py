@@ -322,6 +322,8 @@ def _fetch(args: argparse.Namespace, reporter: ReportSink | None) -> dict[str, A
         nacks=report.nacks,
         fell_back=report.fell_back,
         duration_s=report.duration_s,
+        srtt_s=round(report.srtt_s, 6),
+        rto_s=round(report.rto_s, 6),
     )
     return out
 

@@ -131,6 +131,8 @@ class FetchReport:
         nacks: NACKs received for this fetch.
         fell_back: whether the client switched to asking the DRAM pool directly.
         duration_s: wall time of the fetch.
+        srtt_s: the smoothed GET round trip measured (0.0 without a sample).
+        rto_s: the retransmission timeout the fetch ended with.
     """
 
     outcome: FetchOutcome = FetchOutcome.RECOMPUTE
@@ -154,6 +156,8 @@ class FetchReport:
     nacks: int = 0
     fell_back: bool = False
     duration_s: float = 0.0
+    srtt_s: float = 0.0
+    rto_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -168,8 +172,9 @@ class FetchReport:
         return out
 
 
-_Get = tuple[int, int, float]
-"""A GET in flight: (first fragment, fragments asked, deadline). A tuple: one is made per GET."""
+_Get = tuple[int, int, float, float]
+"""A GET in flight: (first fragment, fragments asked, deadline, time sent). A tuple: one is
+made per GET."""
 
 
 @dataclass(slots=True)
@@ -212,6 +217,12 @@ class _State:
     inflight: dict[int, _Get] = field(default_factory=dict)
     next_check: float = math.inf
     """No GET in flight times out before this (a lower bound: answered GETs leave early)."""
+    srtt: float = 0.0
+    rttvar: float = 0.0
+    rto: float = 0.0
+    """The GET timeout now: measured round trips (RFC 6298), within the client's bounds."""
+    late: dict[int, float] = field(default_factory=dict)
+    """Send times of GETs that timed out: a late reply still measures the round trip."""
     rid_base: int = 0
     """Request id of the fetch's first GET; its GETs use consecutive ids (mod 2**32)."""
     rids_used: int = 0
@@ -524,6 +535,7 @@ class FetchClient:
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
         st.rid_base = self._next_req
         st.last_progress = time.monotonic()
+        st.rto = self.timeout_s
         return st
 
     def _finish(self, st: _State, parent: int | None, position: int | None) -> FetchReport:
@@ -537,6 +549,7 @@ class FetchClient:
             report.outcome = FetchOutcome.RECOMPUTE
             report.reason = give_up.reason
         report.duration_s = time.monotonic() - start
+        report.srtt_s, report.rto_s = st.srtt, st.rto
         if self.reporter is not None:
             try:
                 entry = entry_from_fetch(report, self.report_host, parent=parent, position=position)
@@ -589,7 +602,7 @@ class FetchClient:
         sock, get, pack_into = self._sock, self._get, KVP_STRUCT.pack_into
         tenant, group, key = st.tenant, st.get_group, st.key
         tries, report = st.tries, st.report
-        rto0, rto_max = self.timeout_s, self.max_timeout_s
+        rto0, rto_max = st.rto, self.max_timeout_s
         scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
             i = frag.find(_MISSING, scan)
@@ -623,7 +636,7 @@ class FetchClient:
                     owner[f] = rid
             t = tries[i]
             due = now + (rto0 if t == 0 else min(rto0 * (1 << t), rto_max))
-            inflight[rid] = (i, j - i, due)
+            inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
             rid = (rid + 1) & 0xFFFFFFFF
@@ -635,7 +648,7 @@ class FetchClient:
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
         frag, owner, tries = st.frag, st.owner, st.tries
-        start, count, _ = g
+        start, count = g[0], g[1]
         exhausted = False
         for f in range(start, start + count):
             if frag[f] == _REQUESTED and owner[f] == rid:
@@ -658,6 +671,9 @@ class FetchClient:
                 next_check = min(next_check, g[2])
             elif inflight.pop(rid, None) is not None:  # else gone with a path change
                 st.report.timeouts += 1
+                if len(st.late) >= 4096:
+                    st.late.clear()
+                st.late[rid] = g[3]
                 self._release(st, rid, g, failed=True)
         st.next_check = next_check
 
@@ -668,7 +684,7 @@ class FetchClient:
         st.path += 1
         st.report.fell_back = True
         frag = st.frag
-        for start, count, _ in st.inflight.values():
+        for start, count, _, _ in st.inflight.values():
             for f in range(start, start + count):
                 if frag[f] == _REQUESTED:
                     frag[f] = _MISSING
@@ -723,6 +739,10 @@ class FetchClient:
                 del st.inflight[rid]
                 self._release(st, rid, g, failed=True)
             return
+        if g is not None:
+            self._sample_rtt(st, time.monotonic() - g[3])
+        elif rid in st.late:
+            self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
         frag = st.frag
         if last == first + 1:
             new = 0 if frag[first] == _PRESENT else 1
@@ -755,6 +775,25 @@ class FetchClient:
                     self._release(st, rid, g, failed=False)
             elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
                 del st.inflight[rid]
+
+    def _sample_rtt(self, st: _State, rtt: float) -> None:
+        """One GET's round trip into the timeout (RFC 6298's estimator).
+
+        Each GET has its own request id and a retry gets a new one, so every reply names the
+        GET it answers and every sample is unambiguous (no Karn's rule needed), the late reply
+        to a GET that already timed out included: that is the sample that matters most. The
+        timeout is
+        ``srtt + 4 rttvar``, never below the client's first timeout nor above its largest: a
+        switch or pool link that queues replies longer than the first timeout (a software
+        switch answering N hosts' GETs one by one) makes the GETs wait longer instead of
+        being sent again and queued twice.
+        """
+        if st.srtt == 0.0:
+            st.srtt, st.rttvar = rtt, rtt / 2
+        else:
+            st.rttvar = 0.75 * st.rttvar + 0.25 * abs(st.srtt - rtt)
+            st.srtt = 0.875 * st.srtt + 0.125 * rtt
+        st.rto = min(self.max_timeout_s, max(self.timeout_s, st.srtt + 4 * st.rttvar))
 
     def _nack(self, st: _State, rid: int, status: int, path: int | None) -> None:
         if path != st.path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -363,3 +364,24 @@ def test_no_other_socket_can_share_the_client_port() -> None:
                 other.bind(("0.0.0.0", client.address[1]))
         finally:
             other.close()
+
+
+def test_the_get_timeout_follows_measured_round_trips(backend: InMemoryBackend) -> None:
+    # A pool that takes 30 ms per GET, one at a time: with a window of 4 a reply waits up to
+    # about 120 ms, six times the first timeout. A fixed 20 ms timeout would send nearly every
+    # GET again (and give up after two retries); measured round trips raise it instead.
+    handler = pool(backend)
+
+    def slow(datagram: bytes) -> list[bytes]:
+        time.sleep(0.03)
+        return handler(datagram)
+
+    timing = {"timeout_s": 0.02, "max_timeout_s": 1.0, "max_retries": 2, "deadline_s": 20.0}
+    with FakeServer(slow) as srv:
+        client = FetchClient(srv.address, None, window=4, bind=("127.0.0.1", 0), **timing)
+        with client:
+            out = dst()
+            report = client.fetch(TENANT, KEY, out)
+    # Before the timeout followed round trips this fetch ended RECOMPUTE (no answer in time).
+    assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
+    assert report.srtt_s > 0.05 and report.rto_s > report.srtt_s
