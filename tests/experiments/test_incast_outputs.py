@@ -94,16 +94,17 @@ def test_modes_parse_in_both_spellings_and_replica_keys_stay_in_their_buckets() 
     assert {m.label for m in MODES.values()} >= {"pool-replicas-2", "pool-replicas-4"}
 
 
-def test_the_pool_requesters_windows_fit_the_pool_link_queue() -> None:
-    from experiments.incast import POOL_QUEUE_FRAMES, agent_window, pool_requesters
+def test_what_a_point_puts_in_flight_fits_the_switch_queue() -> None:
+    from experiments.incast import SWITCH_QUEUE_FRAMES, agent_window, pool_requesters
 
-    for name in ("a", "r2", "r4"):
-        for n in (1, 2, 16, 32, 64):
+    for name in ("a", "c", "d", "r2", "r4"):
+        for n in (2, 16, 32, 64):
             mode = MODES[name]
-            total = pool_requesters(mode, n) * agent_window(mode, n)
-            assert total <= POOL_QUEUE_FRAMES, (name, n)
-    assert agent_window(MODES["a"], 4) == 32  # small N keeps the full window
-    assert agent_window(MODES["d"], 64) == 32  # the switch path has no such queue
+            load = n if mode.via == "switch" else pool_requesters(mode, n)
+            assert load * agent_window(mode, n) <= max(SWITCH_QUEUE_FRAMES, load), (name, n)
+    assert agent_window(MODES["a"], 1) == 32  # one host keeps the full window
+    assert agent_window(MODES["b"], 32) == 32  # one leader for the whole group
+    assert agent_window(MODES["d"], 32, window=1) == 1
     assert pool_requesters(MODES["b"], 32) == 1 and pool_requesters(MODES["r4"], 6) == 2
 
 
