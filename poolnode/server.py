@@ -75,7 +75,7 @@ class ServerStats:
 
     ``data_sent`` counts DATA messages and ``data_payload_bytes`` their fragment bytes (what the
     handler produced); ``bytes_sent`` counts the UDP payload bytes the socket accepted (DATA and
-    NACK, headers included).
+    NACK, headers included); ``duplicate_gets`` the copies of a recent GET left unanswered.
     """
 
     datagrams: int = 0
@@ -88,6 +88,7 @@ class ServerStats:
     nack_unavailable: int = 0
     malformed: int = 0
     unexpected_op: int = 0
+    duplicate_gets: int = 0
     cache_hits: int = 0
     backend_reads: int = 0
     send_errors: int = 0
@@ -151,6 +152,10 @@ class KvpGetHandler:
         mtu: IP MTU the DATA messages must fit in.
         cache_bytes: size of the recently-served chunk cache (0: read the backend per GET).
         stats: counters to update (a fresh ``ServerStats`` by default).
+        dedup_window: how many recent GETs are remembered to drop a duplicate of one (the
+            same tenant, key, group, request id and fragment range: the network delivered a
+            GET twice); 0 answers every copy. A client's retry has a new request id and is
+            always answered.
 
     Raises:
         ValueError: the MTU cannot carry one fragment.
@@ -162,8 +167,11 @@ class KvpGetHandler:
         mtu: int = DEFAULT_MTU,
         cache_bytes: int = 64 << 20,
         stats: ServerStats | None = None,
+        dedup_window: int = 8192,
     ) -> None:
         self.backend = backend
+        self.dedup_window = dedup_window
+        self._recent: OrderedDict[tuple[int, int, int, int, int, int], None] = OrderedDict()
         self.frags_per_data = frags_per_data(mtu)
         self.cache = ChunkCache(cache_bytes)
         self.stats = stats or ServerStats()
@@ -215,6 +223,14 @@ class KvpGetHandler:
         )
         if len(datagram) != _GET_BYTES:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        if self.dedup_window:
+            ident = (tenant, key, group, req_id, frag_idx, count)
+            if ident in self._recent:
+                stats.duplicate_gets += 1
+                return []
+            self._recent[ident] = None
+            if len(self._recent) > self.dedup_window:
+                self._recent.popitem(last=False)
         try:
             chunk = self._read(tenant, key)
         except Exception as exc:  # any backend failure is "try again later", never a crash

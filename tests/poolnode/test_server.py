@@ -221,3 +221,24 @@ def test_asyncio_server_answers_a_get(backend: InMemoryBackend) -> None:
 
     hdr = asyncio.run(scenario())
     assert (hdr.op, hdr.req_id, hdr.frag_idx) == (c.KVP_OP_DATA, 5, 3)
+
+
+def test_a_get_delivered_twice_is_answered_once_and_counted(backend: InMemoryBackend) -> None:
+    handler = KvpGetHandler(backend, dedup_window=2)
+    get = get_message(TENANT, KEY, 0, req_id=41, count=5)
+    assert len(handler.handle(get)) == 1
+    assert handler.handle(get) == []  # the network's copy: nothing sent again
+    assert handler.stats.duplicate_gets == 1
+    # A client's retry carries a new request id and is always answered.
+    assert len(handler.handle(get_message(TENANT, KEY, 0, req_id=42, count=5))) == 1
+    # The window is bounded: after two newer GETs the first is forgotten and answered again.
+    handler.handle(get_message(TENANT, KEY, 5, req_id=43, count=5))
+    assert len(handler.handle(get)) == 1
+    assert len(KvpGetHandler(backend, dedup_window=0).handle(get)) == 1
+
+
+def test_duplicates_are_told_apart_by_range_and_group(handler: KvpGetHandler) -> None:
+    a = get_message(TENANT, KEY, 0, req_id=7, count=5)
+    b = get_message(TENANT, KEY, 5, req_id=7, count=5)
+    assert handler.handle(a) and handler.handle(b)
+    assert handler.stats.duplicate_gets == 0
