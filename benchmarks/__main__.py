@@ -6,6 +6,7 @@ Usage::
     python -m benchmarks --quick         # shorter runs
     python -m benchmarks --only policies # one suite (repeatable)
     python -m benchmarks --list          # suite names
+    python -m benchmarks --trace FILE    # replay another Mooncake-format trace
 
 Suites are discovered from the modules of the ``benchmarks`` package (see its docstring): a
 new module with a ``run(quick)`` function or a ``BENCHMARKS`` list is picked up without
@@ -22,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 import benchmarks
 from benchmarks import Benchmark, bench_line, parse_line
+from controlplane.policies.workloads import TRACE_ENV
 
 __all__ = ["discover", "format_tables", "main"]
 
@@ -104,7 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="a Mooncake-format trace for the suites that replay one (default: data/traces/)",
+    )
     args = parser.parse_args(argv)
+    if args.trace is not None:
+        if not args.trace.is_file():
+            parser.error(f"--trace {args.trace}: no such file")
+        # Every suite asks controlplane.policies.workloads.default_trace_path, which reads this.
+        os.environ[TRACE_ENV] = str(args.trace.resolve())
 
     suites, errors = discover()
     if args.list:

@@ -67,3 +67,16 @@ def test_policy_rows_report_every_policy_against_the_optimum(
     assert table[8]["belady"] == 1.0
     assert all(0.0 <= table[8][k] <= 1.0 for k in ("lru", "kvcast"))
     assert capsys.readouterr().out.count("bench policies") == 3
+
+
+def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch, capsys) -> None:
+    from controlplane.policies.workloads import TRACE_ENV, default_trace_path
+
+    monkeypatch.delenv(TRACE_ENV, raising=False)  # restored (unset) after the test
+    with pytest.raises(SystemExit) as exc:
+        main(["--trace", str(tmp_path / "missing.jsonl"), "--list"])
+    assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
+    assert main(["--trace", str(other), "--list"]) == 0
+    assert default_trace_path() == other.resolve()
