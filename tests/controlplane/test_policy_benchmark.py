@@ -72,7 +72,10 @@ def test_policy_rows_report_every_policy_against_the_optimum(
 def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch, capsys) -> None:
     from controlplane.policies.workloads import TRACE_ENV, default_trace_path
 
-    monkeypatch.delenv(TRACE_ENV, raising=False)  # restored (unset) after the test
+    # main() sets the variable for the suites; setenv records the state before the test, so
+    # monkeypatch puts it back (unset) afterwards and no later test replays the test's trace.
+    monkeypatch.setenv(TRACE_ENV, "")
+    monkeypatch.delenv(TRACE_ENV)
     with pytest.raises(SystemExit) as exc:
         main(["--trace", str(tmp_path / "missing.jsonl"), "--list"])
     assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
