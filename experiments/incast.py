@@ -469,8 +469,8 @@ def run_point(
         group: a multicast group id not used before in this run.
         timeout: seconds an agent may take.
         repeat: which repeat of the point this is.
-        window: the most GETs one agent keeps outstanding (pool modes: less where the pool
-            link's queue would not hold them all, :func:`agent_window`).
+        window: the most GETs one agent keeps outstanding (less where the switch's queue would
+            not hold what the point puts in flight, :func:`agent_window`).
 
     Returns:
         The point's result.

@@ -344,6 +344,16 @@ def _fetch_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fetch_or_error(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    """:func:`run_fetch`, or the error record of a fetch that could not start (and False)."""
+    try:
+        return run_fetch(args), True
+    except (AgentError, FetchError, OSError, ValueError) as exc:
+        record = _record(args)
+        record.update(ok=False, outcome="error", error=f"{type(exc).__name__}: {exc}")
+        return record, False
+
+
 def run_batch(lines: TextIO, out: TextIO) -> int:
     """Runs one fetch per argument line of ``lines`` and writes its JSON line to ``out``.
 
@@ -362,15 +372,11 @@ def run_batch(lines: TextIO, out: TextIO) -> int:
         if not line.strip():
             continue
         try:
-            args = parser.parse_args(shlex.split(line))
-        except (_ArgumentError, ValueError) as exc:
+            args = parser.parse_args(shlex.split(line))  # shlex: ValueError on bad quoting
+        except ValueError as exc:
             record: dict[str, Any] = {"ok": False, "outcome": "error", "error": f"bad line: {exc}"}
         else:
-            try:
-                record = run_fetch(args)
-            except (AgentError, FetchError, OSError, ValueError) as exc:
-                record = _record(args)
-                record.update(ok=False, outcome="error", error=f"{type(exc).__name__}: {exc}")
+            record, _ = _fetch_or_error(args)
         failed += not (record["ok"] and record.get("verified") is not False)
         print(json.dumps(record), file=out, flush=True)
     return failed
@@ -389,14 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "batch":
         return 1 if run_batch(sys.stdin, sys.stdout) else 0
-    try:
-        record = run_fetch(args)
-    except (AgentError, FetchError, OSError, ValueError) as exc:
-        record = _record(args)
-        record.update(ok=False, outcome="error", error=f"{type(exc).__name__}: {exc}")
-        print(json.dumps(record), flush=True)
-        return 2
+    record, started = _fetch_or_error(args)
     print(json.dumps(record), flush=True)
+    if not started:
+        return 2
     return 0 if record["ok"] and record["verified"] is not False else 1
 
 

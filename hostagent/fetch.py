@@ -782,11 +782,10 @@ class FetchClient:
         Each GET has its own request id and a retry gets a new one, so every reply names the
         GET it answers and every sample is unambiguous (no Karn's rule needed), the late reply
         to a GET that already timed out included: that is the sample that matters most. The
-        timeout is
-        ``srtt + 4 rttvar``, never below the client's first timeout nor above its largest: a
-        switch or pool link that queues replies longer than the first timeout (a software
-        switch answering N hosts' GETs one by one) makes the GETs wait longer instead of
-        being sent again and queued twice.
+        timeout is ``srtt + 4 rttvar``, never below the client's first timeout nor above its
+        largest: a switch or pool link that queues replies longer than the first timeout (a
+        software switch answering N hosts' GETs one by one) makes the GETs wait longer instead
+        of being sent again and queued twice.
         """
         if st.srtt == 0.0:
             st.srtt, st.rttvar = rtt, rtt / 2

@@ -698,7 +698,7 @@ def _check_device_config(blob: bytes) -> None:
         return
     try:
         doc = json.loads(blob)
-    except (UnicodeDecodeError, ValueError):
+    except ValueError:  # UnicodeDecodeError included
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("pipelines"), list):
         raise InvalidArgumentError(
