@@ -10,6 +10,7 @@ from typing import Final
 ETHERTYPE_IPV4: Final = 2048
 IP_PROTO_UDP: Final = 17
 KVP_UDP_PORT: Final = 19286
+KVP_AGENT_PORT: Final = 19287
 KVP_VERSION: Final = 1
 KVP_HDR_BYTES: Final = 40
 UDP_HDR_BYTES: Final = 8
@@ -33,7 +34,10 @@ DROP_BAD_FRAGMENT: Final = 2
 DROP_UNAUTHORIZED: Final = 3
 DROP_NO_ROUTE: Final = 4
 DROP_TTL_EXPIRED: Final = 5
-DROP_REASON_COUNT: Final = 6
+DROP_SPOOFED: Final = 6
+DROP_BAD_TENANT: Final = 7
+DROP_BAD_GROUP: Final = 8
+DROP_REASON_COUNT: Final = 9
 EV_GET_HIT: Final = 0
 EV_GET_MISS: Final = 1
 EV_GET_BYPASS: Final = 2
@@ -44,6 +48,8 @@ EV_HOT_DIGEST: Final = 6
 EV_COUNT: Final = 7
 PORT_ROLE_HOST: Final = 0
 PORT_ROLE_POOL: Final = 1
+PORT_ROLE_DENY: Final = 2
+KVP_GET_FLAGS_ALLOWED: Final = 4
 HOT_MISS_DIGEST_RECEIVER: Final = 1
 
 # --- p4src/shared/sizes.p4 (this target)
@@ -53,6 +59,7 @@ CMS_WIDTH: Final = 4096
 CPU_PORT_NUM: Final = 255
 FRAG_BYTES: Final = 256
 FRAG_WORDS: Final = 32
+GROUP_MEMBERS: Final = 16384
 HOT_MISS_THRESHOLD: Final = 8
 IPV4_ROUTES: Final = 1024
 L2_ENTRIES: Final = 1024
@@ -62,10 +69,13 @@ POOL_BUCKET_BITS: Final = 8
 PORT_ENTRIES: Final = 512
 REPLICA_ENTRIES: Final = 1024
 SLOT_ADDR_BITS: Final = 13
+TENANT_BINDINGS: Final = 4096
 WORD_BITS: Final = 64
 
 # --- P4Info names (P4Runtime identifies entities by these)
 TABLE_INGRESS_PORT_ROLE_PORT_ROLE: Final = "KvcastIngress.port_role.port_role"
+TABLE_INGRESS_PORT_ROLE_TENANT_BINDING: Final = "KvcastIngress.port_role.tenant_binding"
+TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER: Final = "KvcastIngress.port_role.group_member"
 TABLE_INGRESS_CACHE_CACHE_TABLE: Final = "KvcastIngress.cache.cache_table"
 TABLE_INGRESS_HOT_SKETCH_SKETCH_CONFIG: Final = "KvcastIngress.hot_sketch.sketch_config"
 TABLE_INGRESS_POOL_OWNER_POOL_OWNER: Final = "KvcastIngress.pool_owner.pool_owner"
@@ -74,6 +84,11 @@ TABLE_INGRESS_FORWARDING_L2_FWD: Final = "KvcastIngress.forwarding.l2_fwd"
 TABLE_EGRESS_REPLICA_REPLICA_DST: Final = "KvcastEgress.replica.replica_dst"
 ACTION_NOACTION: Final = "NoAction"
 ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE: Final = "KvcastIngress.port_role.set_port_role"
+ACTION_INGRESS_PORT_ROLE_BIND_HOST: Final = "KvcastIngress.port_role.bind_host"
+ACTION_INGRESS_PORT_ROLE_TENANT_OK: Final = "KvcastIngress.port_role.tenant_ok"
+ACTION_INGRESS_PORT_ROLE_TENANT_DENIED: Final = "KvcastIngress.port_role.tenant_denied"
+ACTION_INGRESS_PORT_ROLE_MEMBER: Final = "KvcastIngress.port_role.member"
+ACTION_INGRESS_PORT_ROLE_NOT_MEMBER: Final = "KvcastIngress.port_role.not_member"
 ACTION_INGRESS_KVP_VALIDATE_MALFORMED: Final = "KvcastIngress.kvp_validate.malformed"
 ACTION_INGRESS_CACHE_CACHE_HIT: Final = "KvcastIngress.cache.cache_hit"
 ACTION_INGRESS_CACHE_CACHE_MISS: Final = "KvcastIngress.cache.cache_miss"
@@ -129,6 +144,7 @@ REGISTER_INGRESS_FRAGMENTS_SLICE_31_FRAG_WORD: Final = "KvcastIngress.fragments.
 REGISTER_INGRESS_HOT_SKETCH_ROW0_CMS_ROW: Final = "KvcastIngress.hot_sketch.row0.cms_row"
 REGISTER_INGRESS_HOT_SKETCH_ROW1_CMS_ROW: Final = "KvcastIngress.hot_sketch.row1.cms_row"
 REGISTER_INGRESS_HOT_SKETCH_ROW2_CMS_ROW: Final = "KvcastIngress.hot_sketch.row2.cms_row"
+REGISTER_INGRESS_HOT_SKETCH_REPORTED: Final = "KvcastIngress.hot_sketch.reported"
 DIGEST_HOT_MISS_DIGEST_T: Final = "hot_miss_digest_t"
 PACKET_METADATA_PACKET_OUT: Final = "packet_out"
 PACKET_METADATA_PACKET_IN: Final = "packet_in"
@@ -136,6 +152,8 @@ PACKET_METADATA_PACKET_IN: Final = "packet_in"
 # P4Info ids by name (informational: code looks entities up by name).
 P4INFO_IDS: Final[dict[str, int]] = {
     "KvcastIngress.port_role.port_role": 37591985,
+    "KvcastIngress.port_role.tenant_binding": 41030590,
+    "KvcastIngress.port_role.group_member": 37066874,
     "KvcastIngress.cache.cache_table": 42892798,
     "KvcastIngress.hot_sketch.sketch_config": 47422344,
     "KvcastIngress.pool_owner.pool_owner": 43876660,
@@ -144,6 +162,11 @@ P4INFO_IDS: Final[dict[str, int]] = {
     "KvcastEgress.replica.replica_dst": 41324088,
     "NoAction": 21257015,
     "KvcastIngress.port_role.set_port_role": 28891097,
+    "KvcastIngress.port_role.bind_host": 17488536,
+    "KvcastIngress.port_role.tenant_ok": 31159069,
+    "KvcastIngress.port_role.tenant_denied": 25892905,
+    "KvcastIngress.port_role.member": 33472766,
+    "KvcastIngress.port_role.not_member": 33059884,
     "KvcastIngress.kvp_validate.malformed": 18369874,
     "KvcastIngress.cache.cache_hit": 24746677,
     "KvcastIngress.cache.cache_miss": 25912848,
@@ -199,6 +222,7 @@ P4INFO_IDS: Final[dict[str, int]] = {
     "KvcastIngress.hot_sketch.row0.cms_row": 380479033,
     "KvcastIngress.hot_sketch.row1.cms_row": 380784911,
     "KvcastIngress.hot_sketch.row2.cms_row": 372956467,
+    "KvcastIngress.hot_sketch.reported": 378792163,
     "hot_miss_digest_t": 393683024,
     "packet_out": 75327753,
     "packet_in": 80671331,

@@ -35,8 +35,10 @@ _IPV4_WORDS = struct.Struct("!10H")
 _LENGTHS = struct.Struct("!2xH20xH30xH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
-_SKETCH_SEED = struct.Struct("!HQB")
-_MAX24 = 0xFFFFFF
+# The sketch rows' hash inputs: {tenant, key} and {key[31:0], tenant, key[63:32]}.
+_SKETCH_TK = struct.Struct("!HQ")
+_SKETCH_KTK = struct.Struct("!IHI")
+_MAX16 = 0xFFFF
 
 ETH_LEN = 14
 IPV4_LEN = c.IPV4_HDR_BYTES
@@ -56,6 +58,8 @@ _NOCACHE = c.KVP_FLAG_NOCACHE
 
 # Table names (from the generated constants: P4 is the single source).
 T_PORT_ROLE = c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE
+T_TENANT_BINDING = c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING
+T_GROUP_MEMBER = c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER
 T_CACHE = c.TABLE_INGRESS_CACHE_CACHE_TABLE
 T_SKETCH_CONFIG = c.TABLE_INGRESS_HOT_SKETCH_SKETCH_CONFIG
 T_POOL_OWNER = c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER
@@ -68,6 +72,10 @@ A_ROUTE = c.ACTION_INGRESS_FORWARDING_ROUTE
 A_L2_FORWARD = c.ACTION_INGRESS_FORWARDING_L2_FORWARD
 A_SET_REPLICA_DST = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
 A_SET_PORT_ROLE = c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE
+A_BIND_HOST = c.ACTION_INGRESS_PORT_ROLE_BIND_HOST
+A_TENANT_OK = c.ACTION_INGRESS_PORT_ROLE_TENANT_OK
+A_MEMBER = c.ACTION_INGRESS_PORT_ROLE_MEMBER
+_KVP_PORTS = (c.KVP_UDP_PORT, c.KVP_AGENT_PORT)
 A_SET_SKETCH_CONFIG = c.ACTION_INGRESS_HOT_SKETCH_SET_SKETCH_CONFIG
 IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
 IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
@@ -83,6 +91,8 @@ def initial_defaults() -> dict[str, ActionCall]:
     """
     return {
         T_PORT_ROLE: ActionCall(A_SET_PORT_ROLE, {"role": c.PORT_ROLE_HOST}),
+        T_TENANT_BINDING: ActionCall(c.ACTION_INGRESS_PORT_ROLE_TENANT_DENIED, {}),
+        T_GROUP_MEMBER: ActionCall(c.ACTION_INGRESS_PORT_ROLE_NOT_MEMBER, {}),
         T_CACHE: ActionCall(c.ACTION_INGRESS_CACHE_CACHE_MISS, {}),
         T_SKETCH_CONFIG: ActionCall(
             A_SET_SKETCH_CONFIG, {"threshold": c.HOT_MISS_THRESHOLD, "window": 0}
@@ -106,6 +116,7 @@ class Registers:
         frag_crc: CRC stored with each slot (FragmentStore.frag_crc).
         frag_len: valid bytes of each slot (FragmentStore.frag_len).
         cms_rows: CMS_ROWS sketch rows of CMS_WIDTH cells (HotMissSketch.rowN.cms_row).
+        reported: the sketch's report row (HotMissSketch.reported).
     """
 
     def __init__(self) -> None:
@@ -114,6 +125,7 @@ class Registers:
         self.frag_crc = array.array("I", bytes(4 * c.NUM_FRAG_SLOTS))
         self.frag_len = array.array("H", bytes(2 * c.NUM_FRAG_SLOTS))
         self.cms_rows = [array.array("I", bytes(4 * c.CMS_WIDTH)) for _ in range(c.CMS_ROWS)]
+        self.reported = array.array("I", bytes(4 * c.CMS_WIDTH))
 
     def snapshot(self) -> bytes:
         """All cache state (fragments and their metadata) as bytes, to compare before/after."""
@@ -145,6 +157,11 @@ class _Meta:
 
     __slots__ = (
         "port_role",
+        "bound",
+        "bound_addr",
+        "check_tenant",
+        "tenant_ok",
+        "group_ok",
         "from_cpu",
         "done",
         "drop",
@@ -157,6 +174,11 @@ class _Meta:
 
     def __init__(self) -> None:
         self.port_role = c.PORT_ROLE_HOST
+        self.bound = False
+        self.bound_addr = 0
+        self.check_tenant = False
+        self.tenant_ok = True
+        self.group_ok = True
         self.from_cpu = False
         self.done = False
         self.drop = False
@@ -237,7 +259,7 @@ class Pipeline:
                             udp = -1
                         else:
                             sport, dport = _PORTS.unpack_from(pkt, udp)
-                            if dport == c.KVP_UDP_PORT or sport == c.KVP_UDP_PORT:
+                            if dport in _KVP_PORTS or sport in _KVP_PORTS:
                                 kvp = udp + UDP_LEN
                                 if n - kvp < KVP_LEN:
                                     error = True
@@ -294,6 +316,8 @@ class Pipeline:
         if group != 0:
             return None
         state = self.state
+        if not self._may_send(port, frame, tenant):
+            return None
         call, entry = state.lookup(T_CACHE, (tenant, key))
         if call.action != A_CACHE_HIT:
             return None
@@ -314,7 +338,8 @@ class Pipeline:
         _U32.pack_into(pkt, _KVP + 36, regs.frag_crc[slot])
         _U16.pack_into(pkt, _KVP + 28, regs.frag_len[slot])
         pkt[_KVP] = _DATA_VERSION_OP
-        pkt[_KVP + 1] |= c.KVP_FLAG_HIT
+        # The GET's flags less what a host may not set (here: all of them), plus HIT.
+        pkt[_KVP + 1] = c.KVP_FLAG_HIT
         _U16.pack_into(pkt, _KVP + 26, frag_count)
         _U32.pack_into(pkt, _KVP + 20, epoch)
         _U32.pack_into(pkt, _KVP + 32, 0)
@@ -325,6 +350,28 @@ class Pipeline:
         pkt[0:12] = frame[6:12] + frame[0:6]
         _U16.pack_into(pkt, _IP + 10, _ipv4_checksum_at(pkt, _IP)[0])
         return [Output(port, bytes(pkt), port)]
+
+    def _may_send(self, port: int, frame: bytes, tenant: int) -> bool:
+        """Whether PortRole lets a host-port IPv4 packet through (for the fast paths).
+
+        ``tenant`` is the GET's tenant, or -1 for a packet that is not KVP. True for an unbound
+        host port, a pool port's non-KVP packet, and a bound host port when the source address
+        is its own and (for a GET) the tenant is bound to it; False for every other case (a pool
+        port's GET, a DENY port, a spoofed source, an unbound tenant), which the general path
+        then handles.
+        """
+        call, _ = self.state.lookup(T_PORT_ROLE, (port,))
+        if call.action == A_SET_PORT_ROLE:
+            role = call.params["role"]
+            return bool(role == c.PORT_ROLE_HOST or tenant < 0 and role == c.PORT_ROLE_POOL)
+        if call.action != A_BIND_HOST:
+            return False
+        p = call.params
+        if _U32.unpack_from(frame, _IP + 12)[0] != p["addr"]:
+            return False
+        if tenant < 0 or not p["check_tenant"]:
+            return True
+        return bool(self.state.lookup(T_TENANT_BINDING, (port, tenant))[0].action == A_TENANT_OK)
 
     def _routed_ipv4(self, port: int, frame: bytes) -> list[Output] | None:
         """The other common case in one pass: IPv4 that is not KVP and has a route, or None.
@@ -343,8 +390,10 @@ class Pipeline:
             if n < _KVP:
                 return None
             sport, dport = _PORTS.unpack_from(frame, _UDP_AT)
-            if sport == c.KVP_UDP_PORT or dport == c.KVP_UDP_PORT:
+            if sport in _KVP_PORTS or dport in _KVP_PORTS:
                 return None
+        if not self._may_send(port, frame, -1):
+            return None
         computed, stored = _ipv4_checksum_at(frame, _IP)
         if computed != stored:
             return None
@@ -390,23 +439,37 @@ class Pipeline:
             kvp -= PACKET_OUT_LEN if kvp >= 0 else 0
             value -= PACKET_OUT_LEN if value >= 0 else 0
 
+        if not meta.drop and not meta.done and not meta.from_cpu:
+            self._port_role(port, pkt, meta, kvp)
+            if meta.bound and ip >= 0 and _U32.unpack_from(pkt, ip + 12)[0] != meta.bound_addr:
+                self._drop(meta, c.DROP_SPOOFED)
+
         if not meta.drop and not meta.done and kvp >= 0:
-            role, _ = state.lookup(T_PORT_ROLE, (port,))
-            meta.port_role = role.params["role"] if role.action == A_SET_PORT_ROLE else 0
             self._validate(pkt, meta, ip, udp, kvp, value)
 
         if not meta.drop and not meta.done and kvp >= 0:
             op = pkt[kvp] & 0xF
-            if op == c.KVP_OP_WRITE:
+            if meta.port_role == c.PORT_ROLE_DENY and not meta.from_cpu:
+                self._drop(meta, c.DROP_UNAUTHORIZED)
+            elif op == c.KVP_OP_WRITE:
                 self._write(pkt, meta, ip, udp, kvp, value)
             elif op == c.KVP_OP_GET:
-                self._get(port, pkt, meta, eth, ip, udp, kvp, value)
-            elif op == c.KVP_OP_DATA:
+                # Only NOCACHE is a host's to set.
+                pkt[kvp + 1] &= c.KVP_GET_FLAGS_ALLOWED
+                if not meta.tenant_ok:
+                    self._drop(meta, c.DROP_BAD_TENANT)
+                elif not meta.group_ok:
+                    self._drop(meta, c.DROP_BAD_GROUP)
+                else:
+                    self._get(port, pkt, meta, eth, ip, udp, kvp, value)
+            elif op in (c.KVP_OP_DATA, c.KVP_OP_NACK):
                 group = _U16.unpack_from(pkt, kvp + 6)[0]
-                if group == 0:
-                    meta.event = c.EV_DATA_UNICAST
-                elif meta.port_role != c.PORT_ROLE_POOL:
+                if meta.port_role != c.PORT_ROLE_POOL:
                     self._drop(meta, c.DROP_UNAUTHORIZED)
+                elif op == c.KVP_OP_NACK:
+                    pass  # routed to the requester below
+                elif group == 0:
+                    meta.event = c.EV_DATA_UNICAST
                 else:
                     meta.mcast_grp = group
                     meta.done = True
@@ -425,6 +488,25 @@ class Pipeline:
         if meta.hot_reported:
             state.count(IG_EVENTS, c.EV_HOT_DIGEST)
         return self._replicate_and_egress(port, pkt, meta, kvp)
+
+    def _port_role(self, port: int, pkt: bytearray, meta: _Meta, kvp: int) -> None:
+        """PortRole: the port's role and binding, and the tenant and group checks."""
+        state = self.state
+        call, _ = state.lookup(T_PORT_ROLE, (port,))
+        if call.action == A_SET_PORT_ROLE:
+            meta.port_role = call.params["role"]
+        elif call.action == A_BIND_HOST:
+            meta.port_role = c.PORT_ROLE_HOST
+            meta.bound = True
+            meta.bound_addr = call.params["addr"]
+            meta.check_tenant = call.params["check_tenant"] != 0
+        if meta.bound and kvp >= 0 and meta.check_tenant:
+            tenant = _U16.unpack_from(pkt, kvp + 4)[0]
+            meta.tenant_ok = state.lookup(T_TENANT_BINDING, (port, tenant))[0].action == A_TENANT_OK
+        if kvp >= 0 and meta.port_role != c.PORT_ROLE_POOL:
+            group = _U16.unpack_from(pkt, kvp + 6)[0]
+            if group != 0:
+                meta.group_ok = state.lookup(T_GROUP_MEMBER, (group, port))[0].action == A_MEMBER
 
     @staticmethod
     def _drop(meta: _Meta, reason: int) -> None:
@@ -579,25 +661,29 @@ class Pipeline:
             _U16.pack_into(pkt, udp + 6, 0)
 
     def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
-        """HotMissSketch: count the miss, report the key once per window at the threshold."""
+        """HotMissSketch: count the miss, report the key once per window from the threshold on."""
         call, _ = self.state.lookup(T_SKETCH_CONFIG, ())
         threshold = call.params["threshold"]
         window = call.params["window"]
-        estimate = _MAX24 + 1
-        for row_id, row in enumerate(self.regs.cms_rows):
-            index = zlib.crc32(_SKETCH_SEED.pack(tenant, key, row_id)) % c.CMS_WIDTH
+        i0, i1, i2, ir = sketch_indices(tenant, key)
+        regs = self.regs
+        estimate = _MAX16 + 1
+        for row, index in zip(regs.cms_rows, (i0, i1, i2), strict=True):
             cell = row[index]
-            if cell >> 24 != window:
+            if cell >> 16 != window:
                 count = 1
-            elif cell & _MAX24 == _MAX24:
-                count = _MAX24
+            elif cell & _MAX16 == _MAX16:
+                count = _MAX16
             else:
-                count = (cell & _MAX24) + 1
-            row[index] = (window << 24) | count
+                count = (cell & _MAX16) + 1
+            row[index] = (window << 16) | count
             estimate = min(estimate, count)
-        if estimate == threshold:
-            self.state.emit_digest(HOT_DIGEST, (tenant, key, estimate))
-            meta.hot_reported = True
+        if estimate >= threshold:
+            mark = (1 << 16) | window
+            if regs.reported[ir] != mark:
+                regs.reported[ir] = mark
+                self.state.emit_digest(HOT_DIGEST, (tenant, key, estimate))
+                meta.hot_reported = True
 
     def _forwarding(self, pkt: bytearray, meta: _Meta, eth: int, ip: int) -> None:
         """Forwarding: IPv4 LPM or L2 exact."""
@@ -683,3 +769,43 @@ def _ipv4_checksum_at(pkt: bytes | bytearray, ip: int) -> tuple[int, int]:
     total = (total & 0xFFFF) + (total >> 16)
     total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF, stored
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC16_TABLE = _crc16_table()
+
+
+def crc16(data: bytes) -> int:
+    """CRC-16/ARC (polynomial 0x8005 reflected, init 0, no final XOR): v1model's ``crc16``."""
+    crc = 0
+    table = _CRC16_TABLE
+    for b in data:
+        crc = (crc >> 8) ^ table[(crc ^ b) & 0xFF]
+    return crc
+
+
+def sketch_indices(tenant: int, key: int) -> tuple[int, int, int, int]:
+    """The cells a (tenant, key) hashes to in sketch rows 0, 1, 2 and the report row.
+
+    Row 0 is CRC-32 over ``{tenant, key}``, row 1 CRC-16 over the same bytes, row 2 CRC-32 and
+    the report row CRC-16 over ``{key[31:0], tenant, key[63:32]}``, each modulo CMS_WIDTH, as
+    HotMissSketch computes them.
+    """
+    tk = _SKETCH_TK.pack(tenant, key)
+    ktk = _SKETCH_KTK.pack(key & 0xFFFFFFFF, tenant, key >> 32)
+    width = c.CMS_WIDTH
+    return (
+        zlib.crc32(tk) % width,
+        crc16(tk) % width,
+        zlib.crc32(ktk) % width,
+        crc16(ktk) % width,
+    )

@@ -11,6 +11,9 @@ const bit<8>  IP_PROTO_UDP = 17;
 
 // "KV" in ASCII; outside IANA's well-known range and unused by RoCE (4791) and VXLAN (4789).
 const bit<16> KVP_UDP_PORT = 19286;
+// The port host agents receive DATA and multicast replicas on (hostagent/ports.py). UDP to or
+// from either port is parsed as KVP, so nothing reaches an agent around the switch's checks.
+const bit<16> KVP_AGENT_PORT = 19287;
 const bit<4>  KVP_VERSION = 1;
 // Bytes of the fixed KVP header (kvp_t in headers.p4).
 const bit<16> KVP_HDR_BYTES = 40;
@@ -40,10 +43,13 @@ const bit<8> KVP_STATUS_UNAVAILABLE = 3;
 const bit<32> DROP_MALFORMED = 0;      // parser error, bad checksum, version, op or length
 const bit<32> DROP_BAD_EPOCH = 1;      // fragment slot holds another load than the entry names
 const bit<32> DROP_BAD_FRAGMENT = 2;   // fragment index beyond the chunk or the slot array
-const bit<32> DROP_UNAUTHORIZED = 3;   // WRITE not from the CPU port, group DATA not from a pool
+const bit<32> DROP_UNAUTHORIZED = 3;   // op not allowed from the ingress port's role (docs/security.md)
 const bit<32> DROP_NO_ROUTE = 4;       // no L2/L3 entry, or a replica with no destination
 const bit<32> DROP_TTL_EXPIRED = 5;
-const bit<32> DROP_REASON_COUNT = 6;
+const bit<32> DROP_SPOOFED = 6;        // source address is not the one bound to the host port
+const bit<32> DROP_BAD_TENANT = 7;     // tenant not bound to the host port
+const bit<32> DROP_BAD_GROUP = 8;      // GET names a group its ingress port is not a member of
+const bit<32> DROP_REASON_COUNT = 9;
 
 // Index into kvp_event_counter: what happened to KVP packets that were not dropped.
 const bit<32> EV_GET_HIT = 0;
@@ -55,9 +61,15 @@ const bit<32> EV_WRITE = 5;
 const bit<32> EV_HOT_DIGEST = 6;      // a hot uncached key was reported to the control plane
 const bit<32> EV_COUNT = 7;
 
-// Port roles (port_role table); hosts are the default.
+// Port roles (port_role table). An unknown port is an unbound host (the program's default);
+// the controller binds each host port to its address and tenants (bind_host) and makes unknown
+// ports DENY, whose KVP packets are all dropped (docs/security.md).
 const bit<8> PORT_ROLE_HOST = 0;
 const bit<8> PORT_ROLE_POOL = 1;
+const bit<8> PORT_ROLE_DENY = 2;
+
+// GET flags a host may set; the switch clears every other bit of a GET's flags.
+const bit<8> KVP_GET_FLAGS_ALLOWED = 0x04;
 
 // Receiver id of hot-miss digests.
 const bit<32> HOT_MISS_DIGEST_RECEIVER = 1;

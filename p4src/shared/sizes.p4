@@ -38,7 +38,8 @@
 #define CPU_PORT_NUM 255
 #endif
 
-// Count-min sketch over misses: 3 rows x 4096 32-bit cells (8-bit window id, 24-bit count).
+// Count-min sketch over misses: 3 rows x 4096 32-bit cells (16-bit window id, 16-bit count:
+// 65536 windows of the controller's period before an id comes back, counts saturate at 65535).
 // 3 rows keep the over-count of a 4096-wide row small for the few hundred keys that miss in one
 // window; 4096 x 32 bit is one Tofino register per row in one stage.
 #define CMS_ROWS 3
@@ -54,6 +55,9 @@
 #define IPV4_ROUTES 1024
 #define L2_ENTRIES 1024
 #define PORT_ENTRIES 512
+// (port, tenant) pairs a host port may ask for, and (group, port) memberships a GET may name.
+#define TENANT_BINDINGS 4096
+#define GROUP_MEMBERS 16384
 
 // Sizes that must agree with each other: a wrong combination stops the preprocessor (p4c, and
 // `make constants`, which reads this file through cpp) instead of building a program whose

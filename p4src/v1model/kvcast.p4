@@ -61,13 +61,23 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
             hdr.packet_out.setInvalid();
         }
 
+        if (!meta.drop && !meta.done && !meta.from_cpu) {
+            // Every packet from a data port: its role, and for a bound host port the address
+            // it must send from (anti-spoofing for all IPv4, not only KVP).
+            port_role.apply(hdr, meta, std);
+            if (meta.bound && hdr.ipv4.isValid() && hdr.ipv4.src_addr != meta.bound_addr) {
+                drop(DROP_SPOOFED);
+            }
+        }
+
         if (!meta.drop && !meta.done && hdr.kvp.isValid()) {
-            port_role.apply(meta, std);
             kvp_validate.apply(hdr, meta);
         }
 
         if (!meta.drop && !meta.done && hdr.kvp.isValid()) {
-            if (hdr.kvp.op == KVP_OP_WRITE) {
+            if (meta.port_role == PORT_ROLE_DENY && !meta.from_cpu) {
+                drop(DROP_UNAUTHORIZED);
+            } else if (hdr.kvp.op == KVP_OP_WRITE) {
                 if (!meta.from_cpu) {
                     drop(DROP_UNAUTHORIZED);
                 } else if (hdr.kvp.index >= NUM_FRAG_SLOTS) {
@@ -86,10 +96,19 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     count_event(EV_WRITE);
                 }
             } else if (hdr.kvp.op == KVP_OP_GET) {
-                if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) == 0) {
+                // A host may only ask to skip the cache: HIT, POOL, REPLICA and unknown bits
+                // are cleared, so no reply carries a flag its requester chose.
+                hdr.kvp.flags = hdr.kvp.flags & KVP_GET_FLAGS_ALLOWED;
+                if (!meta.tenant_ok) {
+                    drop(DROP_BAD_TENANT);
+                } else if (!meta.group_ok) {
+                    drop(DROP_BAD_GROUP);
+                } else if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) == 0) {
                     cache.apply(hdr, meta);
                 }
-                if (meta.hit) {
+                if (meta.drop) {
+                    // Refused above: neither served nor counted as a miss.
+                } else if (meta.hit) {
                     meta.slot = meta.slot_base + (slot_index_t)hdr.kvp.frag_idx;
                     if (hdr.kvp.frag_idx >= meta.frag_count || meta.slot >= NUM_FRAG_SLOTS) {
                         drop(DROP_BAD_FRAGMENT);
@@ -112,13 +131,16 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     // One call site: BMv2 (and Tofino) apply each table once per pass.
                     pool_owner.apply(hdr);
                 }
-            } else if (hdr.kvp.op == KVP_OP_DATA) {
-                if (hdr.kvp.group == 0) {
-                    count_event(EV_DATA_UNICAST);
-                } else if (meta.port_role != PORT_ROLE_POOL) {
-                    // Only a pool node may feed a group: a host could otherwise push bytes
-                    // of its choosing to every member.
+            } else if (hdr.kvp.op == KVP_OP_DATA || hdr.kvp.op == KVP_OP_NACK) {
+                // Only pool nodes answer (the switch's own replies were made above): a host
+                // could otherwise push bytes of its choosing into another host's tensor, or
+                // abort its fetch with a NACK.
+                if (meta.port_role != PORT_ROLE_POOL) {
                     drop(DROP_UNAUTHORIZED);
+                } else if (hdr.kvp.op == KVP_OP_NACK) {
+                    // Routed to the requester below.
+                } else if (hdr.kvp.group == 0) {
+                    count_event(EV_DATA_UNICAST);
                 } else {
                     std.mcast_grp = hdr.kvp.group;
                     meta.done = true;

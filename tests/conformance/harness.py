@@ -23,9 +23,9 @@ from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
 from refswitch.runtime import SwitchState
 
-from .vectors import CPU, HOSTS, POOL_PORT
+from .vectors import CPU, DENY_PORT, HOSTS, POOL_PORT
 
-PORTS = [*HOSTS, POOL_PORT]
+PORTS = [*HOSTS, POOL_PORT, DENY_PORT]
 
 
 class Target(Protocol):

@@ -5,8 +5,9 @@ the frames expected out on which ports (or as PacketIns), the counter changes an
 Expected frames are built from the protocol specification with kvcast.wire, never by running a
 target. The same vectors run against the reference target and BMv2 (tests/conformance).
 
-The base program (:func:`program_switch`) is installed once per target: four ports (three hosts
-and a pool node), routes, a multicast group, and one chunk loaded through WRITE PacketOuts.
+The base program (:func:`program_switch`) is installed once per target: five ports (three hosts,
+a pool node and a port the controller denies), routes, multicast groups with their members, host
+2's source binding (its address and tenant), and one chunk loaded through WRITE PacketOuts.
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ HOSTS = {i: (f"00:00:00:00:00:0{i}", f"10.0.0.{i}", 40000 + i) for i in (1, 2, 3
 POOL_PORT = 4
 POOL_MAC, POOL_IP = "00:00:00:00:01:01", "10.0.1.1"
 GROUP = 7
-GROUP_BROKEN = 8  # one replica id has no replica_dst entry
+GROUP_BROKEN = 8  # one replica id has no replica_dst entry; host 3 is not a member
 TENANT = 1
+# Host 2's port is bound to its address and to TENANT only (PortRole.bind_host, tenant_binding).
+BOUND_HOST = 2
+# A port the controller denies (PORT_ROLE_DENY): no KVP from it, plain IP routed.
+DENY_PORT = 5
+DENY_MAC, DENY_IP = "00:00:00:00:00:05", "10.0.0.5"
 
 # The chunk loaded by program_switch: three fragments, the last one short.
 CHUNK_KEY = 0x1122334455667788
@@ -224,6 +230,32 @@ def program_switch(client: P4RuntimeClient) -> None:
     client.write(updates)
     client.multicast_group(GROUP, [(i, i) for i in HOSTS])
     client.multicast_group(GROUP_BROKEN, [(1, 1), (2, 99)])
+    for gid, ports in ((GROUP, list(HOSTS)), (GROUP_BROKEN, [1, 2])):
+        for port in ports:
+            client.insert(
+                t.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
+                {"group": gid, "port": port},
+                t.ACTION_INGRESS_PORT_ROLE_MEMBER,
+                {},
+            )
+    client.insert(
+        t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+        {"port": BOUND_HOST},
+        t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+        {"addr": _ip(HOSTS[BOUND_HOST][1]), "check_tenant": 1},
+    )
+    client.insert(
+        t.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
+        {"port": BOUND_HOST, "tenant": TENANT},
+        t.ACTION_INGRESS_PORT_ROLE_TENANT_OK,
+        {},
+    )
+    client.insert(
+        t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+        {"port": DENY_PORT},
+        t.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+        {"role": c.PORT_ROLE_DENY},
+    )
     client.set_default(
         t.TABLE_INGRESS_HOT_SKETCH_SKETCH_CONFIG,
         t.ACTION_INGRESS_HOT_SKETCH_SET_SKETCH_CONFIG,
@@ -530,7 +562,170 @@ def build_vectors() -> list[Vector]:
         digests=[(HOT_TENANT, HOT_KEY, HOT_THRESHOLD)],
     )
     v.append(Vector("hot_uncached_key_is_reported_once", hot_steps))
+    v.extend(_security_vectors())
+    v.append(_independent_rows_vector())
     return v
+
+
+def _security_vectors() -> list[Vector]:
+    """Source binding, tenant binding, group authorization, roles and flags (docs/security.md)."""
+    k = wire.FRAME_KVP_OFFSET
+    v: list[Vector] = []
+    b_mac, b_ip, b_port = HOSTS[BOUND_HOST]
+    # A bound port may only send from its own address: plain IP and KVP alike.
+    spoofed = wire.udp_frame(b_mac, SWITCH_MAC, HOSTS[1][1], HOSTS[3][1], b_port, 5000, b"x")
+    v.append(
+        Vector("bound_port_spoofed_source_is_dropped", [Step(2, spoofed, [], drop(c.DROP_SPOOFED))])
+    )
+    # Reflection: a GET naming a victim as its source, with a large fragment range.
+    reflect = wire.udp_frame(
+        b_mac,
+        SWITCH_MAC,
+        HOSTS[3][1],
+        VIP,
+        c.KVP_UDP_PORT,
+        c.KVP_UDP_PORT,
+        wire.get_message(TENANT, 0x7777, 0, 1, flags=c.KVP_FLAG_NOCACHE, count=1024),
+    )
+    v.append(
+        Vector("bound_port_reflection_get_is_dropped", [Step(2, reflect, [], drop(c.DROP_SPOOFED))])
+    )
+    own = host_frame(BOUND_HOST, HOSTS[3][1], b"own", dport=5000)
+    v.append(
+        Vector("bound_port_own_source_is_routed", [Step(2, own, [routed(own, 3, HOSTS[3][0])])])
+    )
+    # Another tenant's cached chunk, asked for from a port bound to TENANT only.
+    other_tenant_hit = _get(BOUND_HOST, CHUNK_KEY, 0, req_id=31, tenant=TENANT + 1)
+    other_tenant_miss = _get(BOUND_HOST, 0x3131, 0, req_id=32, tenant=TENANT + 1)
+    v.append(
+        Vector(
+            "tenant_not_bound_to_port_is_dropped",
+            [
+                Step(2, other_tenant_hit, [], drop(c.DROP_BAD_TENANT)),
+                Step(2, other_tenant_miss, [], drop(c.DROP_BAD_TENANT)),
+            ],
+        )
+    )
+    bound_hit = _get(BOUND_HOST, CHUNK_KEY, 1, req_id=33)
+    v.append(
+        Vector(
+            "bound_tenant_get_is_served",
+            [Step(2, bound_hit, [(2, hit_reply(2, 1, 33))], event(c.EV_GET_HIT))],
+        )
+    )
+    # A group the requester is not a member of, on a hit and on a miss.
+    v.append(
+        Vector(
+            "get_naming_a_group_without_membership_is_dropped",
+            [
+                Step(3, _get(3, CHUNK_KEY, 0, 34, group=GROUP_BROKEN), [], drop(c.DROP_BAD_GROUP)),
+                Step(3, _get(3, 0x3434, 0, 35, group=GROUP_BROKEN), [], drop(c.DROP_BAD_GROUP)),
+                Step(1, _get(1, CHUNK_KEY, 0, 36, group=99), [], drop(c.DROP_BAD_GROUP)),
+            ],
+        )
+    )
+    # Only pool ports answer: DATA (unicast, replica-flagged) and NACK from a host are refused.
+    forged = host_frame(1, HOSTS[2][1], wire.data_message(TENANT, CHUNK_KEY, 0, 3, b"evil"))
+    forged_replica = host_frame(
+        1,
+        HOSTS[2][1],
+        wire.data_message(TENANT, CHUNK_KEY, 0, 3, b"evil", group=GROUP, flags=c.KVP_FLAG_REPLICA),
+        dport=c.KVP_AGENT_PORT,
+    )
+    forged_nack = host_frame(
+        1,
+        HOSTS[3][1],
+        wire.nack_message(KvpHeader(c.KVP_OP_GET, key=CHUNK_KEY, req_id=5), c.KVP_STATUS_NOT_FOUND),
+    )
+    v.append(
+        Vector(
+            "host_data_and_nack_are_refused",
+            [
+                Step(1, forged, [], drop(c.DROP_UNAUTHORIZED)),
+                Step(1, forged_replica, [], drop(c.DROP_UNAUTHORIZED)),
+                Step(1, forged_nack, [], drop(c.DROP_UNAUTHORIZED)),
+            ],
+        )
+    )
+    # Flags a host may not set are cleared: the reply carries HIT and nothing the host chose.
+    evil_flags = c.KVP_FLAG_HIT | c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA | 0x80
+    v.append(
+        Vector(
+            "get_flags_a_host_may_not_set_are_cleared",
+            [
+                Step(
+                    1,
+                    _get(1, CHUNK_KEY, 0, 37, flags=evil_flags),
+                    [(1, hit_reply(1, 0, 37))],
+                    event(c.EV_GET_HIT),
+                )
+            ],
+        )
+    )
+    # Anything to or from the agents' port is KVP: not KVP-shaped means malformed, not routed.
+    to_agent = host_frame(1, HOSTS[2][1], b"not kvp but long enough" * 3, dport=c.KVP_AGENT_PORT)
+    from_agent = wire.udp_frame(
+        HOSTS[1][0], SWITCH_MAC, HOSTS[1][1], HOSTS[2][1], c.KVP_AGENT_PORT, 6000, b"x" * 60
+    )
+    v.append(
+        Vector(
+            "udp_to_or_from_the_agent_port_is_kvp",
+            [
+                Step(1, to_agent, [], drop(c.DROP_MALFORMED)),
+                Step(1, from_agent, [], drop(c.DROP_MALFORMED)),
+            ],
+        )
+    )
+    # A denied port sends no KVP at all; its plain IP is routed.
+    deny_get = wire.udp_frame(
+        DENY_MAC,
+        SWITCH_MAC,
+        DENY_IP,
+        VIP,
+        40005,
+        c.KVP_UDP_PORT,
+        wire.get_message(TENANT, CHUNK_KEY, 0, 38),
+    )
+    deny_plain = wire.udp_frame(DENY_MAC, SWITCH_MAC, DENY_IP, HOSTS[1][1], 40005, 5000, b"hi")
+    v.append(
+        Vector(
+            "denied_port_kvp_is_refused",
+            [
+                Step(DENY_PORT, deny_get, [], drop(c.DROP_UNAUTHORIZED)),
+                Step(DENY_PORT, deny_plain, [routed(deny_plain, 1, HOSTS[1][0])]),
+            ],
+        )
+    )
+    assert all(len(step.frame) > k for vec in v for step in vec.steps)
+    return v
+
+
+# Two keys of HOT_TENANT whose sketch row 0 cells are equal but whose rows 1 and 2 and report
+# cells differ (found by search with sketch_indices; the test checks they still are).
+ROW0_TWIN_KEYS = (0x18E0BECD7B0, 0x12A6B0A18E8)
+
+
+def _independent_rows_vector() -> Vector:
+    """A key sharing one sketch row's cell with a hot key is not reported with it."""
+    first, twin = ROW0_TWIN_KEYS
+    steps = []
+    for n in range(1, HOT_THRESHOLD):
+        f = _get(3, first, 0, req_id=40 + n, tenant=HOT_TENANT)
+        steps.append(Step(3, f, [_pool_get(f)], event(c.EV_GET_MISS)))
+    t = _get(3, twin, 0, req_id=50, tenant=HOT_TENANT)
+    # The twin's row-0 cell already holds HOT_THRESHOLD - 1; its other rows hold 0: estimate 1.
+    steps.append(Step(3, t, [_pool_get(t)], event(c.EV_GET_MISS)))
+    f = _get(3, first, 0, req_id=60, tenant=HOT_TENANT)
+    steps.append(
+        Step(
+            3,
+            f,
+            [_pool_get(f)],
+            {(IG_EVENTS, c.EV_GET_MISS): 1, (IG_EVENTS, c.EV_HOT_DIGEST): 1},
+            digests=[(HOT_TENANT, first, HOT_THRESHOLD)],
+        )
+    )
+    return Vector("sketch_rows_do_not_share_collisions", steps)
 
 
 def _truncate_udp(frame: bytes, length: int) -> bytes:

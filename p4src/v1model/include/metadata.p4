@@ -16,6 +16,13 @@ struct headers_t {
 
 struct local_metadata_t {
     bit<8>       port_role;
+    // Source binding of a host port (PortRole): its address, whether its tenants are checked,
+    // and the verdicts of the tenant and group checks for this packet.
+    bool         bound;
+    ipv4_addr_t  bound_addr;
+    bool         check_tenant;
+    bool         tenant_ok;
+    bool         group_ok;
     bool         from_cpu;
     // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
     // L2/L3 lookup is skipped.
@@ -33,8 +40,8 @@ struct local_metadata_t {
     // The fragment slot this packet reads or writes, and the epoch stored with it.
     slot_index_t slot;
     epoch_t      frag_epoch;
-    bit<24>      hot_threshold;
-    bit<8>       sketch_window;
+    bit<16>      hot_threshold;
+    bit<16>      sketch_window;
 }
 
 #endif  // _KVCAST_METADATA_P4_

@@ -37,10 +37,13 @@ parser KvcastParser(packet_in packet, out headers_t hdr, inout local_metadata_t 
 
     state parse_udp {
         packet.extract(hdr.udp);
-        // Requests go to the KVP port; replies come from it to the agent's own port.
+        // Requests go to the KVP port; replies come from it to the agent's port. Anything to or
+        // from either port is KVP: it meets every check or is dropped as malformed.
         transition select(hdr.udp.dst_port, hdr.udp.src_port) {
             (KVP_UDP_PORT, _): parse_kvp;
             (_, KVP_UDP_PORT): parse_kvp;
+            (KVP_AGENT_PORT, _): parse_kvp;
+            (_, KVP_AGENT_PORT): parse_kvp;
             default: accept;
         }
     }
