@@ -18,12 +18,14 @@ A complete example (only ``switches`` is required; every other setting has a def
                                        # compiler's kvcast.conf; reference target: null
         router_mac: "02:00:00:00:00:fe"
         program_forwarding: true       # routes, L2 entries, port roles for hosts and pools
+        deny_unknown_ports: true       # KVP from a port that is neither a host nor a pool: drop
         epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
     pools:
       - {name: p1, ip: 10.0.1.1, mac: "00:00:00:00:01:01", port: 5,
          fetch_address: "10.254.5.2:19286"}   # where the controller reads chunk bytes
     hosts:
-      - {name: h1, id: 1, ip: 10.0.0.1, mac: "00:00:00:00:00:01", port: 1, udp_port: 19287}
+      - {name: h1, id: 1, ip: 10.0.0.1, mac: "00:00:00:00:00:01", port: 1, udp_port: 19287,
+         tenants: [1, 2]}              # tenants its port may ask for (omitted: any tenant)
     policy:
       name: kvcast
       params: {hysteresis: 0.25}
@@ -131,6 +133,9 @@ class SwitchSpec:
         program_forwarding: install routes, L2 entries and port roles for the configured hosts
             and pools (False: another system owns forwarding).
         epoch_state_file: where the epoch clock persists its high-water mark, or None.
+        deny_unknown_ports: with ``program_forwarding``, make every port that is neither a
+            configured host nor a pool a DENY port (no KVP from it), instead of the program's
+            default (an unbound host port).
     """
 
     name: str
@@ -143,6 +148,7 @@ class SwitchSpec:
     router_mac: str = "02:00:00:00:00:fe"
     program_forwarding: bool = True
     epoch_state_file: Path | None = None
+    deny_unknown_ports: bool = True
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,8 @@ class HostSpec:
         mac: MAC address.
         port: the switch port it is reached through.
         udp_port: the UDP port its agent receives replicas on.
+        tenants: the tenants its port may ask for (the switch drops a GET naming another), or
+            None for any tenant (a single-tenant fabric); its source address is bound either way.
         switch: the switch it hangs off.
     """
 
@@ -189,6 +197,7 @@ class HostSpec:
     port: int
     switch: str
     udp_port: int = AGENT_PORT
+    tenants: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -456,6 +465,7 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
         epoch_state_file=None
         if state is None
         else _path(state, s.at("epoch_state_file"), base, must_exist=False),
+        deny_unknown_ports=_bool(s.take("deny_unknown_ports", True), s.at("deny_unknown_ports")),
     )
     s.done()
     return spec
@@ -503,9 +513,19 @@ def _host(raw: object, path: str, index: int, default_switch: str | None) -> Hos
         port=_int(s.take("port", required=True), s.at("port"), 0, 510),
         switch=_str(switch, s.at("switch")),
         udp_port=_int(s.take("udp_port", AGENT_PORT), s.at("udp_port"), 1, 65535),
+        tenants=_tenants(s.take("tenants", None), s.at("tenants")),
     )
     s.done()
     return spec
+
+
+def _tenants(raw: object, path: str) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    items = _list(raw, path)
+    if not items:
+        raise ConfigError(f"{path}: an empty list binds no tenant; omit it for any tenant")
+    return tuple(sorted({_int(t, f"{path}[{i}]", 0, 0xFFFF) for i, t in enumerate(items)}))
 
 
 def _policy(raw: object, budget: int) -> PolicySpec:
@@ -610,7 +630,9 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
     sk = _Section(top.take("sketch", None) or {}, "sketch")
     sketch = SketchSpec(
         window_s=_float(sk.take("window_s", 10.0), sk.at("window_s")),
-        threshold=_int(sk.take("threshold", c.HOT_MISS_THRESHOLD), sk.at("threshold"), 1, 1 << 24),
+        threshold=_int(
+            sk.take("threshold", c.HOT_MISS_THRESHOLD), sk.at("threshold"), 1, (1 << 16) - 1
+        ),
     )
     sk.done()
     metrics_raw = top.take("metrics", {"listen": "0.0.0.0:9108"})

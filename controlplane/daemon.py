@@ -380,6 +380,7 @@ class _BaseState:
                     Route(f"{host.ip}/32", host.port, spec.router_mac, host.mac)
                 )
                 await rt.forwarding.add_l2(host.mac, host.port)
+                await rt.forwarding.bind_host(host.port, host.ip, host.tenants)
             for pool in cfg.pools_of(spec.name):
                 assert pool.mac is not None and pool.port is not None  # checked by the config
                 await rt.forwarding.add_route(
@@ -387,6 +388,8 @@ class _BaseState:
                 )
                 await rt.forwarding.add_l2(pool.mac, pool.port)
                 await rt.forwarding.set_port_role(pool.port, c.PORT_ROLE_POOL)
+            if spec.deny_unknown_ports:
+                await rt.forwarding.deny_unknown_ports(True)
         await rt.pool_owner.set_nodes(PoolNode(p.name, p.ip) for p in cfg.pools)
         for host in cfg.hosts_of(spec.name):
             await rt.multicast.add_host(

@@ -39,7 +39,7 @@ from emulation.switches import P4Switch, default_switch_class
 from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTopo, addresses
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
-from kvcast.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.p4rt_client import Lpm, P4RuntimeClient, p4r
 
 _LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
 
@@ -89,6 +89,7 @@ class Cluster:
         self.spec = spec
         self.switch_cls = switch_cls or default_switch_class()
         self.nodes = {n.name: n for n in addresses(spec)}
+        self._groups: dict[int, list[int]] = {}
         self.net: Any = None
         self._old_handlers: dict[int, Any] = {}
         if quiet:
@@ -218,6 +219,27 @@ class Cluster:
                     c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
                     {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
                 )
+                # Source binding: the host's address, and its tenants when the spec names them.
+                tenants = self.spec.tenants
+                cl.insert(
+                    c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+                    {"port": node.port},
+                    c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+                    {"addr": _ip(node.ip), "check_tenant": int(tenants is not None)},
+                )
+                for tenant in tenants or ():
+                    cl.insert(
+                        c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
+                        {"port": node.port, "tenant": tenant},
+                        c.ACTION_INGRESS_PORT_ROLE_TENANT_OK,
+                        {},
+                    )
+        # No KVP from a port that is neither a host nor a pool node.
+        cl.set_default(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+            {"role": c.PORT_ROLE_DENY},
+        )
         pools = self.pools()
         for bucket in range(c.POOL_BUCKETS):
             owner = pools[bucket % len(pools)]
@@ -229,9 +251,29 @@ class Cluster:
             )
 
     def add_group(self, group_id: int, hosts: list[str]) -> None:
-        """Creates multicast group ``group_id`` over the named GPU hosts (replica id = port)."""
+        """Creates multicast group ``group_id`` over the named GPU hosts (replica id = port).
+
+        Each member's port is also written into ``group_member``: the switch takes a GET naming
+        the group only from a member.
+        """
         replicas = [(self.nodes[h].port, self.nodes[h].port) for h in hosts]
         self.client.multicast_group(group_id, replicas)
+        for port, _ in replicas:
+            self.client.insert(
+                c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
+                {"group": group_id, "port": port},
+                c.ACTION_INGRESS_PORT_ROLE_MEMBER,
+                {},
+            )
+        self._groups[group_id] = [port for port, _ in replicas]
+
+    def remove_group(self, group_id: int) -> None:
+        """Deletes a group made by :meth:`add_group` and its membership entries."""
+        self.client.multicast_group(group_id, [], update=p4r.Update.DELETE)
+        for port in self._groups.pop(group_id, []):
+            self.client.delete(
+                c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
+            )
 
     @contextlib.contextmanager
     def popen(self, node: str, cmd: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[Any]]:

@@ -60,12 +60,15 @@ class ClusterSpec:
         host_link: shaping of each GPU host's link.
         pool_link: shaping of each pool node's link: the N-to-1 bottleneck, as in a cluster
             where many inference nodes read one pool node's NIC.
+        tenants: the tenants every GPU host's port is bound to, or None for any tenant; each
+            host port is bound to its address either way, and unknown ports are denied.
     """
 
     n_hosts: int = 4
     n_pools: int = 1
     host_link: LinkSpec = field(default_factory=lambda: LinkSpec(bw_mbit=200))
     pool_link: LinkSpec = field(default_factory=lambda: LinkSpec(bw_mbit=20))
+    tenants: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_hosts <= 200:

@@ -61,8 +61,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from finsy.proto import p4r
-
 from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
@@ -525,7 +523,7 @@ def run_point(
         ev1 = _event_counters(cluster)
         result.counters = {n: ev1.get(i, 0) - ev0.get(i, 0) for i, n in _EVENT_NAMES.items()}
         if mode.group:
-            client.multicast_group(group, [], update=p4r.Update.DELETE)
+            cluster.remove_group(group)
     except P4RuntimeClientError as exc:
         result.error = f"switch after the fetch: {exc}"
     return result
@@ -911,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
         n_pools=max(MODES[m].replicas for m in modes),
         host_link=LinkSpec(bw_mbit=args.host_mbit),
         pool_link=LinkSpec(bw_mbit=args.pool_mbit),
+        tenants=(args.tenant,),
     )
     pool_backend = args.pool_backend
     if pool_backend == "auto":

@@ -151,6 +151,7 @@ def run(n_hosts: int = 3, timeout_s: float = 180.0) -> list[dict[str, Any]]:
         n_pools=1,
         host_link=LinkSpec(bw_mbit=200),
         pool_link=LinkSpec(bw_mbit=200),
+        tenants=(TENANT,),
     )
     me = [sys.executable, "-m", "experiments.prefix_share"]
     records: list[dict[str, Any]] = []

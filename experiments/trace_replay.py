@@ -786,6 +786,7 @@ def run_experiment(
         n_pools=1,
         host_link=LinkSpec(bw_mbit=host_mbit),
         pool_link=LinkSpec(bw_mbit=pool_mbit),
+        tenants=(TENANT,),
     )
     blocks = distinct_blocks(requests)
     results: dict[str, RunResult] = {}

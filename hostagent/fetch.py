@@ -69,6 +69,7 @@ _FB = c.FRAG_BYTES
 _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
+_KVP_PORT = c.KVP_UDP_PORT
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -127,7 +128,11 @@ class FetchReport:
         crc_failures: DATA messages whose CRC did not match (dropped, fragments re-fetched).
         duplicates: DATA messages that brought no new fragment.
         ignored: datagrams for another chunk or request, or not KVP replies.
-        invalid: DATA for this chunk with an impossible range, length or fragment count.
+        invalid: DATA for this chunk with an impossible range, length or fragment count, or
+            answering one of this fetch's GETs with another group or fragments it did not ask
+            for.
+        foreign: datagrams from a sender that is neither a KVP service (UDP port
+            ``KVP_UDP_PORT``) nor one of the client's paths (dropped unread).
         nacks: NACKs received for this fetch.
         fell_back: whether the client switched to asking the DRAM pool directly.
         duration_s: wall time of the fetch.
@@ -153,6 +158,7 @@ class FetchReport:
     duplicates: int = 0
     ignored: int = 0
     invalid: int = 0
+    foreign: int = 0
     nacks: int = 0
     fell_back: bool = False
     duration_s: float = 0.0
@@ -311,6 +317,9 @@ class FetchClient:
         self.reporter = reporter
         self.report_host = socket.gethostname() if report_host is None else report_host
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
+        # Senders the unconnected socket takes datagrams from besides any KVP service port: the
+        # paths themselves (in tests, servers on ephemeral ports).
+        self._trusted = {_resolved(a) for a in (p.addr for p in self.paths)}
         self._rbuf = bytearray(65536)
         self._rview = memoryview(self._rbuf)
         # Views into the receive buffer made once: a full fragment's payload, and the DATA's
@@ -562,6 +571,7 @@ class FetchClient:
 
     def _run(self, st: _State, deadline: float) -> None:
         socks, poll = self._socks, self._poll.poll
+        unconnected, trusted = self._sock, self._trusted
         rbuf = self._rbuf
         receive = self._receive
         while st.missing:
@@ -581,13 +591,30 @@ class FetchClient:
                 self._send(st, now)
                 wake = st.next_check if st.inflight else now + self.timeout_s
             for fd, _ in poll(max(0.0, min(wake, deadline) - now) * 1e3):
-                recv_into = socks[fd].recv_into
+                sock = socks[fd]
+                if sock is not unconnected:  # the kernel takes only the path's own replies
+                    recv_into = sock.recv_into
+                    while st.missing:
+                        try:
+                            nrecv = recv_into(rbuf)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except ConnectionRefusedError:  # ICMP error for an earlier GET
+                            continue
+                        receive(st, nrecv)
+                    continue
+                recvfrom_into = sock.recvfrom_into
                 while st.missing:
                     try:
-                        nrecv = recv_into(rbuf)
+                        nrecv, src = recvfrom_into(rbuf)
                     except (BlockingIOError, InterruptedError):
                         break
                     except ConnectionRefusedError:  # an ICMP error for an earlier GET: a timeout
+                        continue
+                    # Only a KVP service (the switch, a pool node behind it) or a path speaks
+                    # to the agent; the switch lets no host send from the KVP port.
+                    if src[1] != _KVP_PORT and src not in trusted:
+                        st.report.foreign += 1
                         continue
                     receive(st, nrecv)
 
@@ -732,6 +759,14 @@ class FetchClient:
             report.invalid += 1
             return
         g = st.inflight.get(rid)
+        if path is not None and (
+            group != st.get_group
+            or g is not None
+            and (first < g[0] or last > g[0] + g[1])
+        ):
+            # An answer to one of our GETs must name the GET's group and stay in its range.
+            report.invalid += 1
+            return
         payload = self._full_payload if plen == _FB else self._rview[_HDR : _HDR + plen]
         if zlib.crc32(payload, zlib.crc32(self._frag_idx_field, st.crc_seed)) != crc:
             report.crc_failures += 1
@@ -805,3 +840,12 @@ class FetchClient:
             g = st.inflight.pop(rid, None)
             if g is not None:
                 self._release(st, rid, g, failed=True)
+
+
+def _resolved(addr: Address) -> tuple[str, int]:
+    """``(host, port)`` with the host as the dotted address ``recvfrom`` reports."""
+    host, port = addr[0], int(addr[1])
+    try:
+        return socket.gethostbyname(host), port
+    except OSError:
+        return host, port

@@ -39,6 +39,8 @@ from poolnode.backend import PoolBackend
 log = logging.getLogger(__name__)
 
 DEFAULT_MTU = 1500
+MAX_GET_FRAGMENTS = 256
+"""The most fragments a GET may ask a pool node for (64 KiB of 256-byte fragments)."""
 """Ethernet MTU the default DATA size fits in (IPv4 + UDP + KVP header + fragments)."""
 
 _GET_BYTES = c.KVP_HDR_BYTES + c.FRAG_BYTES
@@ -75,7 +77,8 @@ class ServerStats:
 
     ``data_sent`` counts DATA messages and ``data_payload_bytes`` their fragment bytes (what the
     handler produced); ``bytes_sent`` counts the UDP payload bytes the socket accepted (DATA and
-    NACK, headers included); ``duplicate_gets`` the copies of a recent GET left unanswered.
+    NACK, headers included); ``duplicate_gets`` the copies of a recent GET left unanswered;
+    ``oversized_gets`` the GETs refused for asking more than ``max_get_fragments``.
     """
 
     datagrams: int = 0
@@ -89,6 +92,7 @@ class ServerStats:
     malformed: int = 0
     unexpected_op: int = 0
     duplicate_gets: int = 0
+    oversized_gets: int = 0
     cache_hits: int = 0
     backend_reads: int = 0
     send_errors: int = 0
@@ -156,6 +160,9 @@ class KvpGetHandler:
             same tenant, key, group, request id and fragment range: the network delivered a
             GET twice); 0 answers every copy. A client's retry has a new request id and is
             always answered.
+        max_get_fragments: the most fragments one GET may ask for; a GET asking for more is
+            refused (NACK BAD_REQUEST, counted in ``oversized_gets``), so no 338-byte request
+            makes the node send more than this many fragments (docs/security.md).
 
     Raises:
         ValueError: the MTU cannot carry one fragment.
@@ -168,8 +175,10 @@ class KvpGetHandler:
         cache_bytes: int = 64 << 20,
         stats: ServerStats | None = None,
         dedup_window: int = 8192,
+        max_get_fragments: int = MAX_GET_FRAGMENTS,
     ) -> None:
         self.backend = backend
+        self.max_get_fragments = max_get_fragments
         self.dedup_window = dedup_window
         self._recent: OrderedDict[tuple[int, int, int, int, int, int], None] = OrderedDict()
         self.frags_per_data = frags_per_data(mtu)
@@ -222,6 +231,9 @@ class KvpGetHandler:
             op, flags, 0, tenant, group, key, req_id, frag_idx=frag_idx, frag_count=count
         )
         if len(datagram) != _GET_BYTES:
+            return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        if count > self.max_get_fragments:
+            stats.oversized_gets += 1
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if self.dedup_window:
             ident = (tenant, key, group, req_id, frag_idx, count)

@@ -1,8 +1,10 @@
-"""Driver of the Forwarding and PortRole controls: ipv4_lpm, l2_fwd and port_role.
+"""Driver of the Forwarding and PortRole controls: ipv4_lpm, l2_fwd, port_role, tenant_binding.
 
 Routes (IPv4 prefix -> port and the MACs to rewrite), L2 entries (destination MAC -> port) for
-non-IP frames, and port roles (which ports face pool nodes and so may multicast DATA to a
-group; every other port is a host port, the table's default).
+non-IP frames, and port roles: which ports face pool nodes (and so may send DATA and NACK),
+which face GPU hosts (each bound to its source address and, where configured, to its tenants),
+and what an unknown port is (the program's default, an unbound host, or DENY: no KVP at all).
+docs/security.md gives the threat model.
 
 Classes:
     Route: one ipv4_lpm entry.
@@ -13,9 +15,12 @@ Classes:
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controlplane.drivers.base import EntrySpec, MatchKey, TableMirror, mac_int
+import finsy as fy
+
+from controlplane.drivers.base import EntrySpec, MatchKey, TableMirror, ip_int, mac_int
 from controlplane.errors import ConfigError, NotInstalledError
 from controlplane.p4rt import SessionInfo, SwitchClient
 from kvcast import p4constants as c
@@ -26,6 +31,9 @@ T_ROLE = c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE
 A_ROUTE = c.ACTION_INGRESS_FORWARDING_ROUTE
 A_L2 = c.ACTION_INGRESS_FORWARDING_L2_FORWARD
 A_ROLE = c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE
+A_BIND = c.ACTION_INGRESS_PORT_ROLE_BIND_HOST
+T_TENANT = c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING
+A_TENANT_OK = c.ACTION_INGRESS_PORT_ROLE_TENANT_OK
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,10 @@ class ForwardingDriver:
     def __init__(self, client: SwitchClient) -> None:
         self._lpm = TableMirror(client, T_LPM)
         self._l2 = TableMirror(client, T_L2)
+        self._client = client
         self._roles = TableMirror(client, T_ROLE)
+        self._tenants = TableMirror(client, T_TENANT)
+        self._deny_unknown = False
 
     # ------------------------------------------------------------------ routes
     async def add_route(self, route: Route) -> None:
@@ -123,7 +134,8 @@ class ForwardingDriver:
     async def set_port_role(self, port: int, role: int) -> None:
         """Gives a port a role (``c.PORT_ROLE_POOL`` for ports facing pool nodes).
 
-        Setting ``c.PORT_ROLE_HOST`` removes the entry: host is the table's default.
+        Setting ``c.PORT_ROLE_HOST`` removes the entry: an unbound host is the program's
+        default (``bind_host`` binds one).
 
         Raises:
             SwitchError: the write failed.
@@ -134,12 +146,52 @@ class ForwardingDriver:
         else:
             await self._roles.apply(puts=[EntrySpec.of(dict(key), A_ROLE, {"role": role})])
 
+    async def bind_host(self, port: int, ip: str, tenants: Iterable[int] | None) -> None:
+        """Binds a host port to its source address and (unless None) to these tenants.
+
+        The switch then drops any IPv4 packet from the port with another source address
+        (DROP_SPOOFED) and any GET naming a tenant not listed (DROP_BAD_TENANT).
+
+        Raises:
+            ConfigError: a bad address or tenant.
+            SwitchError: the write failed.
+        """
+        wanted = None if tenants is None else sorted(set(tenants))
+        if wanted is not None and not all(0 <= t <= 0xFFFF for t in wanted):
+            raise ConfigError(f"tenants of port {port} must be 16-bit: {wanted}")
+        key: MatchKey = (("port", port),)
+        check = 0 if wanted is None else 1
+        await self._roles.apply(
+            puts=[EntrySpec.of(dict(key), A_BIND, {"addr": ip_int(ip), "check_tenant": check})]
+        )
+        held = {m for m in (s.match for s in self._tenants.specs()) if dict(m)["port"] == port}
+        want = {(("port", port), ("tenant", t)) for t in wanted or ()}
+        await self._tenants.apply(
+            puts=[EntrySpec.of(dict(m), A_TENANT_OK, {}) for m in sorted(want)],
+            removes=sorted(held - want),
+        )
+
+    async def deny_unknown_ports(self, deny: bool) -> None:
+        """Makes every port without a port_role entry a DENY port (or an unbound host again).
+
+        Raises:
+            SwitchError: the write failed.
+        """
+        role = c.PORT_ROLE_DENY if deny else c.PORT_ROLE_HOST
+        entry = fy.P4TableEntry(
+            T_ROLE, action=fy.P4TableAction(A_ROLE, role=role), is_default_action=True
+        )
+        await self._client.write([~entry])
+        self._deny_unknown = deny
+
     # ------------------------------------------------------------------ reinstall
     async def reinstall(self, session: SessionInfo) -> None:
-        """Makes the switch's three tables hold exactly this driver's entries.
+        """Makes the switch's tables hold exactly this driver's entries and port default.
 
         Raises:
             SwitchError: a read or write failed.
         """
-        for mirror in (self._roles, self._l2, self._lpm):
+        for mirror in (self._roles, self._tenants, self._l2, self._lpm):
             await mirror.reconcile()
+        if self._deny_unknown:
+            await self.deny_unknown_ports(True)

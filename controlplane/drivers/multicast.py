@@ -3,7 +3,10 @@
 A GET or pool DATA with ``group = G`` is replicated by the switch to every member of multicast
 group G, each replica being ``(egress port, instance)`` where the instance is the member's
 *replica id*; egress then rewrites each replica's MAC, IPv4 address and UDP port from the
-``replica_dst`` entry of that replica id (docs/protocol.md, "Multicast groups").
+``replica_dst`` entry of that replica id (docs/protocol.md, "Multicast groups"). A host may name
+a group in a GET only from a member's port: with each group the driver writes one
+``group_member`` entry per member port, and the switch drops a GET naming any other group
+(docs/security.md).
 
 So each host gets one replica id for its lifetime (and one replica_dst entry), and each consumer
 set (hosts fetching the same prefix together) gets one group whose replicas are its members'
@@ -31,6 +34,8 @@ from kvcast import p4constants as c
 
 TABLE = c.TABLE_EGRESS_REPLICA_REPLICA_DST
 ACTION = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
+T_MEMBER = c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER
+A_MEMBER = c.ACTION_INGRESS_PORT_ROLE_MEMBER
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class MulticastDriver:
             raise ConfigError("group and replica id ranges must be non-empty and exclude 0")
         self._client = client
         self._replica_dst = TableMirror(client, TABLE)
+        self._members = TableMirror(client, T_MEMBER)
         self._group_ids = group_ids
         self._replica_ids = replica_ids
         self._hosts: dict[str, HostEndpoint] = {}
@@ -147,6 +153,8 @@ class MulticastDriver:
         if old is not None and old.port != host.port:
             moved = [(gid, m) for gid, m in self._groups.items() if host.name in m]
             await self._write_groups(moved, modify=True)
+            for gid, m in moved:
+                await self._write_members(gid, m)
         return rid
 
     async def remove_host(self, name: str) -> None:
@@ -197,6 +205,7 @@ class MulticastDriver:
         gid = self._free_group_id()
         await self._write_groups([(gid, wanted)], modify=False)
         self._groups[gid] = wanted
+        await self._write_members(gid, wanted)
         return gid
 
     async def update_group(self, gid: int, members: Iterable[str]) -> None:
@@ -213,6 +222,7 @@ class MulticastDriver:
         if wanted != self._groups[gid]:
             await self._write_groups([(gid, wanted)], modify=True)
             self._groups[gid] = wanted
+            await self._write_members(gid, wanted)
 
     async def delete_group(self, gid: int) -> None:
         """Deletes a group: GETs and DATA naming it are no longer replicated.
@@ -225,6 +235,7 @@ class MulticastDriver:
             raise NotInstalledError(f"no multicast group {gid}")
         await self._client.write([-fy.P4MulticastGroupEntry(gid)])
         del self._groups[gid]
+        await self._write_members(gid, frozenset())
 
     # ------------------------------------------------------------------ reinstall
     async def reinstall(self, session: SessionInfo) -> None:
@@ -234,6 +245,7 @@ class MulticastDriver:
             SwitchError: a read or write failed.
         """
         await self._replica_dst.reconcile()
+        await self._members.reconcile()
         installed: dict[int, tuple[tuple[int, int], ...]] = {}
         if not session.pipeline_pushed:
             for ent in await self._client.read([fy.P4MulticastGroupEntry()]):
@@ -274,6 +286,16 @@ class MulticastDriver:
 
     def _replicas(self, members: frozenset[str]) -> list[tuple[int, int]]:
         return sorted((self._hosts[h].port, self._rids[h]) for h in members)
+
+    async def _write_members(self, gid: int, members: frozenset[str]) -> None:
+        """Makes ``group_member`` hold exactly the member ports of group ``gid``."""
+        ports = {self._hosts[h].port for h in members}
+        held = {m for m in (s.match for s in self._members.specs()) if dict(m)["group"] == gid}
+        wanted = {(("group", gid), ("port", port)) for port in ports}
+        await self._members.apply(
+            puts=[EntrySpec.of(dict(m), A_MEMBER, {}) for m in sorted(wanted)],
+            removes=sorted(held - wanted),
+        )
 
     def _group_entry(self, gid: int, members: frozenset[str]) -> fy.P4MulticastGroupEntry:
         return fy.P4MulticastGroupEntry(gid, replicas=self._replicas(members))

@@ -1,13 +1,14 @@
 """Driver of the HotMissSketch control: the hot-miss threshold and the sketch windows.
 
 The count-min sketch over GET misses reports a key once per window when its estimate reaches
-the threshold. Both are the parameters of ``sketch_config``'s default action; a new window is
-opened by writing a new window id, and sketch cells written in another window count from 1
-again (p4src/v1model/include/control/hot_sketch.p4). Windows therefore follow the controller's
-clock: :meth:`SketchDriver.run` opens one every period.
+or passes the threshold. Both are the parameters of ``sketch_config``'s default action; a new
+window is opened by writing a new window id, and sketch cells written in another window count
+from 1 again (p4src/v1model/include/control/hot_sketch.p4). Windows therefore follow the
+controller's clock: :meth:`SketchDriver.run` opens one every period.
 
-Window ids wrap at the width of the ``window`` parameter (8 bits): a cell untouched for exactly
-that many windows resumes its old count, which only makes a long-cold key look slightly warmer.
+Window ids wrap at the width of the ``window`` parameter (16 bits: 65,536 windows, 7.6 days at
+the default 10 s period): only a cell untouched for exactly that many windows resumes its old
+count, far beyond any polling period.
 
 Classes:
     SketchDriver: set the threshold, open windows (on demand or periodically).

@@ -73,8 +73,14 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
             hdr.packet_out.setInvalid();
         }
 
+        if (!meta.drop && !meta.done && !meta.from_cpu) {
+            port_role.apply(hdr, meta, ig_intr_md.ingress_port);
+            if (meta.bound && hdr.ipv4.isValid() && hdr.ipv4.src_addr != meta.bound_addr) {
+                drop(DROP_SPOOFED);
+            }
+        }
+
         if (!meta.drop && !meta.done && hdr.kvp.isValid()) {
-            port_role.apply(meta, ig_intr_md.ingress_port);
             kvp_validate.apply(hdr, meta);
         }
 
@@ -83,7 +89,9 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         bool store_write = false;
         bool store_read = false;
         if (!meta.drop && !meta.done && hdr.kvp.isValid()) {
-            if (hdr.kvp.op == KVP_OP_WRITE) {
+            if (meta.port_role == PORT_ROLE_DENY && !meta.from_cpu) {
+                drop(DROP_UNAUTHORIZED);
+            } else if (hdr.kvp.op == KVP_OP_WRITE) {
                 if (!meta.from_cpu) {
                     drop(DROP_UNAUTHORIZED);
                 } else if (hdr.kvp.index >= NUM_FRAG_SLOTS) {
@@ -93,10 +101,18 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     store_write = true;
                 }
             } else if (hdr.kvp.op == KVP_OP_GET) {
-                if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) == 0) {
+                // A host may only ask to skip the cache; every other flag bit is cleared.
+                hdr.kvp.flags = hdr.kvp.flags & KVP_GET_FLAGS_ALLOWED;
+                if (!meta.tenant_ok) {
+                    drop(DROP_BAD_TENANT);
+                } else if (!meta.group_ok) {
+                    drop(DROP_BAD_GROUP);
+                } else if ((hdr.kvp.flags & KVP_FLAG_NOCACHE) == 0) {
                     cache.apply(hdr, meta);
                 }
-                if (meta.hit) {
+                if (meta.drop) {
+                    // Refused above: neither served nor counted as a miss.
+                } else if (meta.hit) {
                     meta.slot = meta.slot_base + (slot_index_t)hdr.kvp.frag_idx;
                     // frag_idx < frag_count, as a sign test (gateways compare with constants).
                     bit<17> left = (bit<17>)meta.frag_count - (bit<17>)hdr.kvp.frag_idx;
@@ -114,13 +130,14 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     }
                     pool_owner.apply(hdr);
                 }
-            } else if (hdr.kvp.op == KVP_OP_DATA) {
-                if (hdr.kvp.group == 0) {
-                    count_event(EV_DATA_UNICAST);
-                } else if (meta.port_role != PORT_ROLE_POOL) {
-                    // Only a pool node may feed a group: a host could otherwise push bytes
-                    // of its choosing to every member.
+            } else if (hdr.kvp.op == KVP_OP_DATA || hdr.kvp.op == KVP_OP_NACK) {
+                // Only pool nodes answer (the switch's own replies are made above).
+                if (meta.port_role != PORT_ROLE_POOL) {
                     drop(DROP_UNAUTHORIZED);
+                } else if (hdr.kvp.op == KVP_OP_NACK) {
+                    // Routed to the requester below.
+                } else if (hdr.kvp.group == 0) {
+                    count_event(EV_DATA_UNICAST);
                 } else {
                     ig_tm_md.mcast_grp_a = hdr.kvp.group;
                     meta.done = true;

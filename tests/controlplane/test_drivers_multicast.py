@@ -27,6 +27,8 @@ from .test_p4rt_harness import (
 
 T_REPLICA = c.TABLE_EGRESS_REPLICA_REPLICA_DST
 A_REPLICA = c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST
+T_MEMBER = c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER
+A_MEMBER = c.ACTION_INGRESS_PORT_ROLE_MEMBER
 INSERT, MODIFY, DELETE = p4r.Update.INSERT, p4r.Update.MODIFY, p4r.Update.DELETE
 
 
@@ -73,12 +75,24 @@ def test_a_consumer_set_gets_one_group_of_port_and_replica_id_pairs(refswitch: R
             await mc.update_group(gid, ["h1", "h2", "h3"])
             await mc.delete_group(gid)
             e = Expect(refswitch)
+
+            def member(p: int) -> dict[str, int]:
+                return {"group": gid, "port": p}
+
+            # Each group change is followed by its group_member entries (GET authorization).
             assert refswitch.writes(mark) == [
                 [e.group(INSERT, gid, [(1, 1), (3, 3)])],
+                [
+                    e.insert(T_MEMBER, member(1), A_MEMBER, {}),
+                    e.insert(T_MEMBER, member(3), A_MEMBER, {}),
+                ],
                 [e.group(MODIFY, gid, [(1, 1), (2, 2), (3, 3)])],
+                [e.insert(T_MEMBER, member(2), A_MEMBER, {})],
                 [e.group(DELETE, gid)],
+                [e.delete(T_MEMBER, member(p)) for p in (1, 2, 3)],
             ]
             assert mc.groups() == {}
+            assert refswitch.state.entries(T_MEMBER) == []
 
     run(main())
 
@@ -96,7 +110,9 @@ def test_removing_a_host_updates_its_groups_then_deletes_its_entry(refswitch: Re
             e = Expect(refswitch)
             assert refswitch.writes(mark) == [
                 [e.group(MODIFY, both, [(1, 1)])],
+                [e.delete(T_MEMBER, {"group": both, "port": 2})],
                 [e.group(DELETE, alone)],
+                [e.delete(T_MEMBER, {"group": alone, "port": 2})],
                 [e.delete(T_REPLICA, {"rid": 2})],
             ]
             with pytest.raises(NotInstalledError):
@@ -114,8 +130,12 @@ def test_a_host_moving_to_another_port_moves_in_its_groups(refswitch: RefSwitch)
             mark = refswitch.mark()
             await mc.add_host(host(1, port=7))
             e = Expect(refswitch)
-            # The replica_dst entry is unchanged: only the group is rewritten.
-            assert refswitch.writes(mark) == [[e.group(MODIFY, gid, [(7, 1)])]]
+            # The replica_dst entry is unchanged: the group and its membership move.
+            assert refswitch.writes(mark) == [
+                [e.group(MODIFY, gid, [(7, 1)])],
+                [e.delete(T_MEMBER, {"group": gid, "port": 1})]
+                + [e.insert(T_MEMBER, {"group": gid, "port": 7}, A_MEMBER, {})],
+            ]
 
     run(main())
 

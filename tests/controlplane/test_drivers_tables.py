@@ -285,8 +285,12 @@ def test_window_ids_wrap_at_the_width_of_the_window_parameter(refswitch: RefSwit
     async def main() -> None:
         async with SwitchClient(config(refswitch)) as client:
             sketch = SketchDriver(client)
-            windows = [await sketch.open_window() for _ in range(256)]
-            assert windows[-2:] == [255, 0]
+            assert [await sketch.open_window() for _ in range(3)] == [1, 2, 3]
+            # 16-bit window ids: the last few of 65536 windows, without writing them all.
+            sketch._window = (1 << 16) - 3
+            windows = [await sketch.open_window() for _ in range(3)]
+            assert windows == [(1 << 16) - 2, (1 << 16) - 1, 0]
+            assert refswitch.state.default_entry(T_SKETCH).action.params["window"] == 0
 
     run(main())
 
@@ -354,6 +358,9 @@ def test_counters_are_read_by_reason_and_event_name(refswitch: RefSwitch) -> Non
                 "unauthorized": 1,
                 "no_route": 0,
                 "ttl_expired": 0,
+                "spoofed": 0,
+                "bad_tenant": 0,
+                "bad_group": 0,
             }
             assert counters.events["get_miss"] == 1
             assert sum(counters.events.values()) == 1

@@ -103,8 +103,15 @@ class RefSwitchBridge:
         return i
 
     def add_group(self, group: int, hosts: list[int]) -> None:
-        """Creates multicast group ``group`` over host indexes (replica id = port)."""
+        """Creates multicast group ``group`` over host indexes (replica id = port, member)."""
         self.client.multicast_group(group, [(i, i) for i in hosts])
+        for i in hosts:
+            self.client.insert(
+                c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
+                {"group": group, "port": i},
+                c.ACTION_INGRESS_PORT_ROLE_MEMBER,
+                {},
+            )
 
     def load_chunk(self, tenant: int, key: int, data: bytes, slot_base: int, epoch: int) -> int:
         """Loads a chunk into switch SRAM (WRITE PacketOuts, then the cache entry)."""

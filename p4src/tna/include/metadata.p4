@@ -26,6 +26,12 @@ struct headers_t {
 
 struct local_metadata_t {
     bit<8>       port_role;
+    // Source binding of a host port (PortRole) and the verdicts of its tenant and group checks.
+    bool         bound;
+    ipv4_addr_t  bound_addr;
+    bit<8>       check_tenant;
+    bool         tenant_ok;
+    bool         group_ok;
     bool         from_cpu;
     // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
     // L2/L3 lookup is skipped.

@@ -67,6 +67,8 @@ parser KvcastIngressParser(packet_in packet, out headers_t hdr, out local_metada
         transition select(hdr.udp.dst_port, hdr.udp.src_port) {
             (KVP_UDP_PORT, _): parse_kvp;
             (_, KVP_UDP_PORT): parse_kvp;
+            (KVP_AGENT_PORT, _): parse_kvp;
+            (_, KVP_AGENT_PORT): parse_kvp;
             default: accept;
         }
     }
@@ -142,6 +144,8 @@ parser KvcastEgressParser(packet_in packet, out egress_headers_t hdr, out egress
         transition select(hdr.udp.dst_port, hdr.udp.src_port) {
             (KVP_UDP_PORT, _): parse_kvp;
             (_, KVP_UDP_PORT): parse_kvp;
+            (KVP_AGENT_PORT, _): parse_kvp;
+            (_, KVP_AGENT_PORT): parse_kvp;
             default: accept;
         }
     }

@@ -6,7 +6,10 @@
  * Tofino stateful ALU compares and updates the two halves of a pair but not bit slices of one
  * word. A cell last touched in another window restarts at 1, so cells age by themselves and
  * nothing has to be reset. The control plane opens a window by writing a new window id into
- * sketch_config's default action.
+ * sketch_config's default action. The rows hash with different functions (CRC-32, CRC-16, and
+ * CRC-32 over the fields in another order), and a fourth register marks the window in which a
+ * key hashed there was reported, so a key is reported once from the threshold on, even if
+ * another key already pushed its shared cells past it.
  */
 #ifndef _KVCAST_TNA_HOT_SKETCH_P4_
 #define _KVCAST_TNA_HOT_SKETCH_P4_
@@ -45,10 +48,25 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
     SketchRow() row1;
     SketchRow() row2;
     Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash0;
-    Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash1;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash1;
     Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash2;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash_r;
+    // Per cell: 1 above the window id in which a key hashed here was last reported.
+    Register<bit<32>, cms_index_t>(CMS_WIDTH) reported;
+    bit<32> report_mark;
 
-    action set_sketch_config(bit<24> threshold, bit<8> window) {
+    RegisterAction<bit<32>, cms_index_t, bit<8>>(reported) mark_reported = {
+        void apply(inout bit<32> cell, out bit<8> first) {
+            if (cell != report_mark) {
+                cell = report_mark;
+                first = 1;
+            } else {
+                first = 0;
+            }
+        }
+    };
+
+    action set_sketch_config(bit<16> threshold, bit<16> window) {
         meta.hot_threshold = (bit<32>)threshold;
         meta.sketch_window = (bit<32>)window;
     }
@@ -63,10 +81,11 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
 
     apply {
         sketch_config.apply();
-        // Three rows hashed with CRC-32 over the key and a per-row salt byte.
-        cms_index_t i0 = hash0.get({ hdr.kvp.tenant, hdr.kvp.key, 8w0 });
-        cms_index_t i1 = hash1.get({ hdr.kvp.tenant, hdr.kvp.key, 8w1 });
-        cms_index_t i2 = hash2.get({ hdr.kvp.tenant, hdr.kvp.key, 8w2 });
+        cms_index_t i0 = hash0.get({ hdr.kvp.tenant, hdr.kvp.key });
+        cms_index_t i1 = hash1.get({ hdr.kvp.tenant, hdr.kvp.key });
+        cms_index_t i2 = hash2.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] });
+        cms_index_t ir = hash_r.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] });
+        report_mark = 32w0x10000 | meta.sketch_window;
         bit<32> c0;
         bit<32> c1;
         bit<32> c2;
@@ -74,10 +93,13 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
         row1.apply(i1, meta.sketch_window, c1);
         row2.apply(i2, meta.sketch_window, c2);
         bit<32> estimate = min(min(c0, c1), c2);
-        // Equality, not >=: the estimate passes the threshold once per window.
-        if ((estimate ^ meta.hot_threshold) == 0) {
-            ig_dprsr_md.digest_type = HOT_MISS_DIGEST_TYPE;
-            meta.hot_reported = true;
+        // estimate >= threshold, as a sign test; then once per window per report cell.
+        bit<33> over = (bit<33>)estimate - (bit<33>)meta.hot_threshold;
+        if (over[32:32] == 0) {
+            if (mark_reported.execute(ir) == 1) {
+                ig_dprsr_md.digest_type = HOT_MISS_DIGEST_TYPE;
+                meta.hot_reported = true;
+            }
         }
     }
 }

@@ -1,22 +1,84 @@
-/* PortRole: which ingress ports face pool nodes (allowed to multicast DATA to a group). */
+/*
+ * PortRole (TNA): who is on the other end of the ingress port, and what it may claim; the same
+ * tables, actions and checks as the v1model program (docs/security.md).
+ */
 #ifndef _KVCAST_TNA_PORT_ROLE_P4_
 #define _KVCAST_TNA_PORT_ROLE_P4_
 
-control PortRole(inout local_metadata_t meta, in PortId_t ingress_port) {
+control PortRole(in headers_t hdr, inout local_metadata_t meta, in PortId_t ingress_port) {
     action set_port_role(bit<8> role) {
         meta.port_role = role;
     }
 
+    // A GPU host's port: its source address, and whether its tenants are bound (tenant_binding)
+    // or any tenant is accepted (a single-tenant fabric).
+    action bind_host(ipv4_addr_t addr, bit<8> check_tenant) {
+        meta.port_role = PORT_ROLE_HOST;
+        meta.bound = true;
+        meta.bound_addr = addr;
+        meta.check_tenant = check_tenant;
+    }
+
     table port_role {
         key = { ingress_port: exact @name("port"); }
-        actions = { set_port_role; }
-        // An unknown port is a host port: it may read the cache but not feed a group.
+        actions = { set_port_role; bind_host; }
+        // An unknown port is an unbound host until the controller makes unknown ports DENY.
         default_action = set_port_role(PORT_ROLE_HOST);
         size = PORT_ENTRIES;
     }
 
+    action tenant_ok() {
+        meta.tenant_ok = true;
+    }
+
+    action tenant_denied() {
+        meta.tenant_ok = false;
+    }
+
+    table tenant_binding {
+        key = {
+            ingress_port: exact @name("port");
+            hdr.kvp.tenant: exact @name("tenant");
+        }
+        actions = {
+            tenant_ok;
+            @defaultonly tenant_denied;
+        }
+        const default_action = tenant_denied();
+        size = TENANT_BINDINGS;
+    }
+
+    action member() {
+        meta.group_ok = true;
+    }
+
+    action not_member() {
+        meta.group_ok = false;
+    }
+
+    table group_member {
+        key = {
+            hdr.kvp.group: exact @name("group");
+            ingress_port: exact @name("port");
+        }
+        actions = {
+            member;
+            @defaultonly not_member;
+        }
+        const default_action = not_member();
+        size = GROUP_MEMBERS;
+    }
+
     apply {
         port_role.apply();
+        meta.tenant_ok = true;
+        meta.group_ok = true;
+        if (meta.bound && hdr.kvp.isValid() && meta.check_tenant != 0) {
+            tenant_binding.apply();
+        }
+        if (hdr.kvp.isValid() && hdr.kvp.group != 0 && meta.port_role != PORT_ROLE_POOL) {
+            group_member.apply();
+        }
     }
 }
 

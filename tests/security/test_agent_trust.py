@@ -1,0 +1,119 @@
+"""The agent trusts only its paths and KVP services, and only answers to its own GETs.
+
+Each test plays a hostile host that reaches the agent's socket directly (as it could on a
+fabric that does not filter, or through a switch without source binding) and checks that
+nothing it sends reaches the tensor: the fetch ends with the producer's bytes, and the report
+counts what was dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hostagent.fetch import FetchClient
+from kvcast import p4constants as c
+from kvcast.wire import KvpHeader, data_message, nack_message
+from poolnode.backend import InMemoryBackend
+from poolnode.server import PoolServer
+from tests.hostagent.fakes import FakeServer, pool
+
+TENANT, KEY, GROUP = 4, 0x5EC0DE5EC0DE5EC0, 12
+NFRAGS = 9
+CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 31)
+TIMING = {"timeout_s": 0.05, "max_timeout_s": 0.2, "max_retries": 3, "deadline_s": 10.0}
+
+
+@pytest.fixture
+def backend() -> InMemoryBackend:
+    b = InMemoryBackend()
+    b.put(TENANT, KEY, CHUNK)
+    return b
+
+
+@pytest.fixture
+def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
+    with PoolServer(backend, "127.0.0.1", 0) as srv:
+        yield srv
+
+
+def _attacker() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def _forged_fragments(group: int, flags: int) -> list[bytes]:
+    """Every fragment of the chunk with the wrong bytes and a CRC that matches them."""
+    evil = bytes(len(CHUNK))
+    out = []
+    for i in range(NFRAGS):
+        lo, hi = i * c.FRAG_BYTES, min((i + 1) * c.FRAG_BYTES, len(CHUNK))
+        out.append(
+            data_message(TENANT, KEY, i, NFRAGS, evil[lo:hi], group=group, flags=flags, req_id=1)
+        )
+    return out
+
+
+def test_forged_replicas_from_a_host_never_reach_a_follower(pool_server: PoolServer) -> None:
+    with FetchClient(pool_server.address, group=GROUP, **TIMING) as victim, _attacker() as evil:
+        for msg in _forged_fragments(GROUP, c.KVP_FLAG_REPLICA | c.KVP_FLAG_HIT):
+            evil.sendto(msg, victim.address)
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = victim.follow(TENANT, KEY, out, stall_s=0.1)
+    assert report.ok
+    assert report.foreign == NFRAGS and report.frags_stream == 0
+    assert out.numpy().tobytes() == CHUNK
+
+
+def test_a_forged_nack_naming_the_next_request_is_dropped(pool_server: PoolServer) -> None:
+    with FetchClient(pool_server.address, **TIMING) as victim, _attacker() as evil:
+        # The worst case: the attacker knows the request id the victim will use next.
+        rid = victim._next_req
+        get = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=rid)
+        for status in (c.KVP_STATUS_NOT_FOUND, c.KVP_STATUS_BAD_REQUEST):
+            evil.sendto(nack_message(get, status), victim.address)
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = victim.fetch(TENANT, KEY, out)
+    assert report.ok and not report.fell_back
+    assert report.nacks == 0 and report.foreign == 2
+    assert out.numpy().tobytes() == CHUNK
+
+
+class _OutOfRange:
+    """The pool, but the first answer carries the fragments after the ones asked for."""
+
+    def __init__(self, backend: InMemoryBackend, *, wrong_group: bool = False) -> None:
+        self.inner = pool(backend)
+        self.wrong_group = wrong_group
+        self.done = False
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        hdr = KvpHeader.unpack(datagram)
+        if self.done or hdr.op != c.KVP_OP_GET:
+            return self.inner(datagram)
+        self.done = True
+        if self.wrong_group:
+            shifted = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=hdr.req_id,
+                                group=GROUP + 1, frag_idx=hdr.frag_idx, frag_count=hdr.frag_count)  # fmt: skip
+        else:
+            shifted = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=hdr.req_id,
+                                frag_idx=hdr.frag_idx + hdr.frag_count, frag_count=1)  # fmt: skip
+        return self.inner(shifted.pack() + bytes(c.FRAG_BYTES))
+
+
+@pytest.mark.parametrize("wrong_group", [False, True], ids=["range", "group"])
+def test_an_answer_outside_the_request_is_invalid(
+    backend: InMemoryBackend, wrong_group: bool
+) -> None:
+    with FakeServer(_OutOfRange(backend, wrong_group=wrong_group)) as srv:
+        with FetchClient(srv.address, frags_per_get=2, **TIMING) as client:
+            out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+            report = client.fetch(TENANT, KEY, out)
+    assert report.ok
+    assert report.invalid == 1
+    assert out.numpy().tobytes() == CHUNK
