@@ -1,6 +1,6 @@
 """Host agent fetch goodput into a tensor: through the reference switch, on loopback, vs Mooncake.
 
-Three measurements, each a ratio of two things measured side by side in one run:
+Four measurements, each a ratio of two things measured side by side in one run:
 
 ``path=refswitch``
     The reference switch (``python -m refswitch``) runs as a process on two veth pairs. The host
@@ -40,6 +40,12 @@ Three measurements, each a ratio of two things measured side by side in one run:
     node over UDP loopback. ``ratio_to_kvp`` is Mooncake's goodput over that KVP fetch's;
     ``ratio_to_kvp_refswitch`` over the through-switch fetch of the same chunk size above.
 
+``path=mac``
+    What end-to-end integrity costs (hostagent.integrity): a pool-node server in this process
+    holds the chunk and its keyed MAC; fetches without the tenant key and with it (which also
+    fetch the 32-byte MAC object and compute BLAKE2b over the chunk) alternate. ``ratio`` is
+    the keyed fetch's goodput over the plain one's; ``blake2b_us`` the MAC computation alone.
+
 The loopback pool-server line of ``hostagent.bench`` (``bench fetch ...``) runs first. Lines
 that cannot run here (not root, no Mooncake) say ``skipped=<reason>``.
 
@@ -50,6 +56,7 @@ Classes:
 Functions:
     measure_refswitch: the through-switch fetch vs plain-UDP probe.
     measure_mooncake: Mooncake ``get_into`` vs KVP loopback fetch.
+    measure_mac: a fetch with the chunk's keyed MAC checked vs one without.
     run: the suite entry point (prints ``bench hostagent_fetch ...`` lines).
 """
 
@@ -389,6 +396,59 @@ def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, flo
             "get_into_ms": mc * 1e3, "kvp_ms": kvp * 1e3}  # fmt: skip
 
 
+def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
+    """What the keyed chunk MAC costs a fetch: with and without the tenant key, alternated.
+
+    Both fetch the same chunk from one pool-node server on loopback (in this process); the one
+    with the key also fetches the 32-byte MAC object and computes BLAKE2b over the chunk.
+
+    Returns:
+        ``plain_MBps``, ``mac_MBps`` (medians) and ``blake2b_us``, the MAC computation alone.
+
+    Raises:
+        RuntimeError: a fetch failed or returned wrong bytes.
+    """
+    import torch
+
+    from hostagent.fetch import FetchClient
+    from hostagent.integrity import chunk_mac, mac_key_of
+    from poolnode.backend import InMemoryBackend
+    from poolnode.server import PoolServer
+
+    secret = bytes(range(32))
+    data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, data)
+    backend.put(TENANT, mac_key_of(KEY), chunk_mac(secret, TENANT, KEY, data))
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    plain_s: list[float] = []
+    mac_s: list[float] = []
+    with (
+        PoolServer(backend, "127.0.0.1", 0) as server,
+        FetchClient(server.address, timeout_s=0.05, max_timeout_s=0.5) as plain,
+        FetchClient(
+            server.address, timeout_s=0.05, max_timeout_s=0.5, mac_keys={TENANT: secret}
+        ) as keyed,
+    ):
+        for i in range(-2, rounds):
+            for client, times in ((plain, plain_s), (keyed, mac_s)):
+                dst.zero_()
+                report = client.fetch(TENANT, KEY, dst)
+                if not report.ok or dst.numpy().tobytes() != data:
+                    raise RuntimeError(f"fetch for the MAC benchmark failed: {report}")
+                if i >= 0:
+                    times.append(report.duration_s)
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        chunk_mac(secret, TENANT, KEY, data)
+    mac_us = (time.perf_counter() - t0) / rounds * 1e6
+    return {
+        "plain_MBps": nbytes / statistics.median(plain_s) / 1e6,
+        "mac_MBps": nbytes / statistics.median(mac_s) / 1e6,
+        "blake2b_us": mac_us,
+    }
+
+
 def _cpu_ratio(rec: dict[str, Any]) -> float:
     """Plain UDP's CPU per fragment over the fetch's, every process on the path counted.
 
@@ -462,7 +522,12 @@ def run(quick: bool = False) -> list[str]:
             ),
             rounds=20,
         )  # fmt: skip
+    mac = measure_mac(nbytes, rounds)
+    emit(
+        path="mac", chunk_bytes=nbytes, plain_MBps=mac["plain_MBps"], mac_MBps=mac["mac_MBps"],
+        ratio=mac["mac_MBps"] / mac["plain_MBps"], blake2b_us=mac["blake2b_us"], rounds=rounds,
+    )  # fmt: skip
     return lines
 
 
-__all__ = ["SwitchTestbed", "measure_mooncake", "measure_refswitch", "run"]
+__all__ = ["SwitchTestbed", "measure_mac", "measure_mooncake", "measure_refswitch", "run"]

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from finsy.proto import p4r
 from mininet.link import TCLink
 from mininet.log import setLogLevel
 from mininet.net import Mininet
@@ -39,7 +40,7 @@ from emulation.switches import P4Switch, default_switch_class
 from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTopo, addresses
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
-from kvcast.p4rt_client import Lpm, P4RuntimeClient, p4r
+from kvcast.p4rt_client import Lpm, P4RuntimeClient
 
 _LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
 

@@ -64,11 +64,13 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from hostagent.fetch import FetchClient, FetchError, FetchReport
+from hostagent.integrity import load_tenant_keys
 from hostagent.ports import AGENT_PORT
 from hostagent.reports import HttpReporter, ReportSink
 from hostagent.synthetic import parse_key, synthetic_chunk
@@ -169,6 +171,11 @@ def _add_fetch_arguments(f: argparse.ArgumentParser) -> None:
     f.add_argument("--stall", type=float, default=0.5, help="follower: silence before repair, s")
     f.add_argument("--first-wait", type=float, help="follower: wait for the first fragment, s")
     f.add_argument("--verify-seed", type=int, help="compare with the synthetic chunk of SEED")
+    f.add_argument(
+        "--tenant-keys",
+        type=Path,
+        help="file of tenant:hexkey lines: chunks of these tenants must match their keyed MAC",
+    )
     f.add_argument("--name", default=socket.gethostname(), help="host label in the output")
     f.add_argument(
         "--report-url",
@@ -213,6 +220,7 @@ def _client(args: argparse.Namespace, reporter: ReportSink | None = None) -> Fet
         bind=(args.bind, args.bind_port),
         reporter=reporter,
         report_host=args.report_host or args.name,
+        mac_keys=load_tenant_keys(args.tenant_keys) if args.tenant_keys else None,
     )
 
 

@@ -40,6 +40,7 @@ Classes:
 from __future__ import annotations
 
 import enum
+import hmac
 import logging
 import math
 import random
@@ -48,12 +49,14 @@ import socket
 import time
 import zlib
 from array import array
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from hostagent.integrity import MAC_BYTES, check_keys, chunk_mac, mac_key_of
 from hostagent.layout import MAX_FRAGMENTS, KVLayout
 from hostagent.reports import ReportSink, entry_from_fetch
 from kvcast import p4constants as c
@@ -103,6 +106,10 @@ class RecomputeReason(enum.Enum):
     """Some fragment stayed missing after every retry on every path."""
     DEADLINE = "deadline"
     """The fetch's overall deadline passed."""
+    MAC_MISMATCH = "mac_mismatch"
+    """Every fragment arrived, but the chunk's keyed MAC did not match (hostagent.integrity)."""
+    MAC_MISSING = "mac_missing"
+    """The tenant has a key, but the chunk's MAC could not be fetched."""
 
 
 @dataclass(slots=True)
@@ -138,6 +145,8 @@ class FetchReport:
         duration_s: wall time of the fetch.
         srtt_s: the smoothed GET round trip measured (0.0 without a sample).
         rto_s: the retransmission timeout the fetch ended with.
+        mac_verified: whether the chunk's keyed MAC was fetched and matched (False when the
+            tenant has no key).
     """
 
     outcome: FetchOutcome = FetchOutcome.RECOMPUTE
@@ -164,6 +173,7 @@ class FetchReport:
     duration_s: float = 0.0
     srtt_s: float = 0.0
     rto_s: float = 0.0
+    mac_verified: bool = False
 
     @property
     def ok(self) -> bool:
@@ -271,6 +281,8 @@ class FetchClient:
         socket_buffer_bytes: SO_RCVBUF to ask for.
         reporter: where to hand one access record per fetch (None: no reports).
         report_host: this host's name (or id) in the records; default: the hostname.
+        mac_keys: tenant -> secret (hostagent.integrity): a chunk of such a tenant is complete
+            only once its keyed MAC, fetched after the last fragment, matches its bytes.
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -294,6 +306,7 @@ class FetchClient:
         socket_buffer_bytes: int = 4 << 20,
         reporter: ReportSink | None = None,
         report_host: str | int | None = None,
+        mac_keys: Mapping[int, bytes] | None = None,
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -316,6 +329,8 @@ class FetchClient:
         self.group = group
         self.reporter = reporter
         self.report_host = socket.gethostname() if report_host is None else report_host
+        self.mac_keys = check_keys(mac_keys or {})
+        self._mac_buf = torch.zeros(MAC_BYTES, dtype=torch.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
         # Senders the unconnected socket takes datagrams from besides any KVP service port: the
         # paths themselves (in tests, servers on ephemeral ports).
@@ -553,6 +568,9 @@ class FetchClient:
         start = time.monotonic()
         try:
             self._run(st, start + self.deadline_s)
+            secret = self.mac_keys.get(st.tenant)
+            if secret is not None:
+                self._verify_mac(st, secret, start + self.deadline_s)
             report.outcome = FetchOutcome.COMPLETE
         except _GiveUp as give_up:
             report.outcome = FetchOutcome.RECOMPUTE
@@ -566,6 +584,24 @@ class FetchClient:
             except Exception:  # a report must never fail a fetch, whatever the sink does
                 _LOG.exception("access report of chunk %#x not handed over", report.key)
         return report
+
+    def _verify_mac(self, st: _State, secret: bytes, deadline: float) -> None:
+        """Fetches the chunk's MAC object (unicast, switch then pool) and compares.
+
+        Raises:
+            _GiveUp: MAC_MISSING when it cannot be fetched, MAC_MISMATCH when it differs.
+        """
+        mac = self._start(st.tenant, mac_key_of(st.key), self._mac_buf, MAC_BYTES)
+        try:
+            self._run(mac, deadline)
+        except _GiveUp:
+            raise _GiveUp(RecomputeReason.MAC_MISSING) from None
+        finally:
+            st.report.gets_sent += mac.report.gets_sent
+        expected = chunk_mac(secret, st.tenant, st.key, st.out[: st.nbytes])
+        if not hmac.compare_digest(expected, self._mac_buf.numpy().tobytes()):
+            raise _GiveUp(RecomputeReason.MAC_MISMATCH)
+        st.report.mac_verified = True
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -760,9 +796,7 @@ class FetchClient:
             return
         g = st.inflight.get(rid)
         if path is not None and (
-            group != st.get_group
-            or g is not None
-            and (first < g[0] or last > g[0] + g[1])
+            group != st.get_group or g is not None and (first < g[0] or last > g[0] + g[1])
         ):
             # An answer to one of our GETs must name the GET's group and stay in its range.
             report.invalid += 1

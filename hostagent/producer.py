@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer
+from hostagent.integrity import chunk_mac, mac_key_of
 from hostagent.layout import KVLayout, PagedLayout, block_from_kv, gather_from_paged
 from hostagent.reports import AccessEntry, ReportSink
 from poolnode.backend import PoolBackend, PoolBackendError
@@ -90,6 +91,8 @@ class Producer:
         reporter: where the ``"stored"`` records go (None: no reports).
         host: this host's name or id in the records; default: the hostname.
         skip_present: ask the pool which chunks it holds first and put only the others.
+        mac_key: the tenant's secret (hostagent.integrity): each chunk is stored with a keyed
+            MAC next to it, which agents holding the same secret verify; None: no MAC.
 
     Raises:
         LayoutError: the keyer's block size is not the layout's.
@@ -105,6 +108,7 @@ class Producer:
         reporter: ReportSink | None = None,
         host: str | int | None = None,
         skip_present: bool = True,
+        mac_key: bytes | None = None,
     ) -> None:
         layout.check_block_size(keyer.block_size)
         self.backend = backend
@@ -114,6 +118,9 @@ class Producer:
         self.reporter = reporter
         self.host = socket.gethostname() if host is None else host
         self.skip_present = skip_present
+        self.mac_key = mac_key
+        if mac_key is not None:
+            chunk_mac(mac_key, tenant, 0, b"")  # checks the key's length now
         self._pool_error = False
 
     def full_blocks(self, token_ids: Sequence[int]) -> int:
@@ -237,9 +244,14 @@ class Producer:
 
     def _put(self, todo: list[tuple[ChunkKey, torch.Tensor]], report: PublishReport) -> None:
         try:
-            self.backend.put_many(
-                (self.tenant, ck.key, chunk.contiguous().numpy().data) for ck, chunk in todo
-            )
+            items = [(self.tenant, ck.key, chunk.contiguous().numpy().data) for ck, chunk in todo]
+            if self.mac_key is not None:
+                # The MACs go first: a chunk is never in the pool without its MAC.
+                secret = self.mac_key
+                self.backend.put_many(
+                    (t, mac_key_of(k), chunk_mac(secret, t, k, data)) for t, k, data in items
+                )
+            self.backend.put_many(items)
             done = [ck for ck, _ in todo]
         except PoolBackendError as exc:
             report.error = str(exc)

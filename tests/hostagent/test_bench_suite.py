@@ -38,6 +38,10 @@ def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch)
     assert fields["refswitch"]["skipped"] == "veth-pairs-need-root-(CAP_NET_ADMIN)"
     assert fields["bmv2"]["skipped"] == "simple_switch_grpc-not-installed"
     assert fields["mooncake"]["skipped"] == "mooncake_master-not-found"
+    # The MAC line needs nothing installed: it is always measured.
+    mac = fields["mac"]
+    assert float(mac["plain_MBps"]) > 0 and float(mac["mac_MBps"]) > 0
+    assert float(mac["ratio"]) == pytest.approx(float(mac["mac_MBps"]) / float(mac["plain_MBps"]))
 
 
 def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(

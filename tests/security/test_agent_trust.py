@@ -97,12 +97,19 @@ class _OutOfRange:
         if self.done or hdr.op != c.KVP_OP_GET:
             return self.inner(datagram)
         self.done = True
-        if self.wrong_group:
-            shifted = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=hdr.req_id,
-                                group=GROUP + 1, frag_idx=hdr.frag_idx, frag_count=hdr.frag_count)  # fmt: skip
-        else:
-            shifted = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=hdr.req_id,
-                                frag_idx=hdr.frag_idx + hdr.frag_count, frag_count=1)  # fmt: skip
+        if self.wrong_group:  # the range asked for, under a group the GET did not name
+            first, count, group = hdr.frag_idx, hdr.frag_count, GROUP + 1
+        else:  # the fragment right after the range asked for
+            first, count, group = hdr.frag_idx + hdr.frag_count, 1, 0
+        shifted = KvpHeader(
+            c.KVP_OP_GET,
+            tenant=TENANT,
+            key=KEY,
+            req_id=hdr.req_id,
+            group=group,
+            frag_idx=first,
+            frag_count=count,
+        )
         return self.inner(shifted.pack() + bytes(c.FRAG_BYTES))
 
 
@@ -110,10 +117,12 @@ class _OutOfRange:
 def test_an_answer_outside_the_request_is_invalid(
     backend: InMemoryBackend, wrong_group: bool
 ) -> None:
-    with FakeServer(_OutOfRange(backend, wrong_group=wrong_group)) as srv:
-        with FetchClient(srv.address, frags_per_get=2, **TIMING) as client:
-            out = torch.zeros(len(CHUNK), dtype=torch.uint8)
-            report = client.fetch(TENANT, KEY, out)
+    with (
+        FakeServer(_OutOfRange(backend, wrong_group=wrong_group)) as srv,
+        FetchClient(srv.address, frags_per_get=2, **TIMING) as client,
+    ):
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = client.fetch(TENANT, KEY, out)
     assert report.ok
     assert report.invalid == 1
     assert out.numpy().tobytes() == CHUNK

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvcast import p4constants as c
+from kvcast import wire
 from refswitch.pipeline import sketch_indices
 from tests.conformance.harness import InProcessRefTarget
-from kvcast import wire
 from tests.conformance.vectors import (
     HOSTS,
     HOT_TENANT,

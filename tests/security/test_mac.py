@@ -1,0 +1,112 @@
+"""Keyed chunk MACs: the producer stores one next to each chunk, the agent checks it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hostagent.chunkkeys import ChunkKeyer
+from hostagent.fetch import FetchClient, FetchReport, RecomputeReason
+from hostagent.integrity import MAC_BYTES, chunk_mac, load_tenant_keys, mac_key_of
+from hostagent.layout import KVLayout
+from hostagent.producer import Producer
+from kvcast import p4constants as c
+from poolnode.backend import InMemoryBackend
+from poolnode.server import PoolServer
+
+TENANT, KEY = 6, 0x6D6163
+SECRET = bytes(range(32))
+CHUNK = os.urandom(5 * c.FRAG_BYTES + 9)
+TIMING = {"timeout_s": 0.03, "max_timeout_s": 0.1, "max_retries": 2, "deadline_s": 5.0}
+
+
+@pytest.fixture
+def backend() -> InMemoryBackend:
+    return InMemoryBackend()
+
+
+@pytest.fixture
+def server(backend: InMemoryBackend) -> Iterator[PoolServer]:
+    with PoolServer(backend, "127.0.0.1", 0, cache_bytes=0) as srv:
+        yield srv
+
+
+def _fetch(server: PoolServer, keys: dict[int, bytes] | None) -> tuple[FetchReport, bytes]:
+    out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+    with FetchClient(server.address, mac_keys=keys, **TIMING) as client:
+        report = client.fetch(TENANT, KEY, out)
+    return report, out.numpy().tobytes()
+
+
+def test_a_chunk_with_its_mac_is_verified(backend: InMemoryBackend, server: PoolServer) -> None:
+    backend.put(TENANT, KEY, CHUNK)
+    backend.put(TENANT, mac_key_of(KEY), chunk_mac(SECRET, TENANT, KEY, CHUNK))
+    report, got = _fetch(server, {TENANT: SECRET})
+    assert report.ok and report.mac_verified
+    assert got == CHUNK
+
+
+def test_bytes_rewritten_with_a_valid_crc_fail_the_mac(
+    backend: InMemoryBackend, server: PoolServer
+) -> None:
+    # Whoever rewrote the chunk (a pool node, a switch load) made every fragment CRC match.
+    forged = bytes(len(CHUNK))
+    backend.put(TENANT, KEY, forged)
+    backend.put(TENANT, mac_key_of(KEY), chunk_mac(SECRET, TENANT, KEY, CHUNK))
+    report, _ = _fetch(server, {TENANT: SECRET})
+    assert not report.ok
+    assert report.reason is RecomputeReason.MAC_MISMATCH
+    # Without the key the forgery goes unnoticed: the MAC is what stops it.
+    report, got = _fetch(server, None)
+    assert report.ok and not report.mac_verified and got == forged
+
+
+def test_a_valid_chunk_replayed_under_another_key_fails(
+    backend: InMemoryBackend, server: PoolServer
+) -> None:
+    other = KEY + 1
+    backend.put(TENANT, KEY, CHUNK)
+    backend.put(TENANT, mac_key_of(KEY), chunk_mac(SECRET, TENANT, other, CHUNK))
+    report, _ = _fetch(server, {TENANT: SECRET})
+    assert report.reason is RecomputeReason.MAC_MISMATCH
+
+
+def test_a_chunk_without_its_mac_is_not_trusted(
+    backend: InMemoryBackend, server: PoolServer
+) -> None:
+    backend.put(TENANT, KEY, CHUNK)
+    report, _ = _fetch(server, {TENANT: SECRET})
+    assert not report.ok
+    assert report.reason is RecomputeReason.MAC_MISSING
+
+
+def test_the_producer_stores_a_mac_next_to_each_chunk(backend: InMemoryBackend) -> None:
+    layout = KVLayout(2, 2, 8, torch.float32, block_size=4)
+    keyer = ChunkKeyer(4, "0")
+    prompt = list(range(8))
+    gen = torch.Generator().manual_seed(1)
+    shape = (layout.num_kv_heads, len(prompt), layout.head_dim)
+    ks = [torch.randn(shape, generator=gen) for _ in range(layout.num_layers)]
+    vs = [torch.randn(shape, generator=gen) for _ in range(layout.num_layers)]
+    producer = Producer(backend, layout, keyer, TENANT, host="h1", mac_key=SECRET)
+    report = producer.publish_kv(prompt, ks, vs)
+    assert report.stored == 2
+    for ck in keyer.keys(prompt):
+        data = backend.get(TENANT, ck.key)
+        assert data is not None
+        assert backend.get(TENANT, mac_key_of(ck.key)) == chunk_mac(SECRET, TENANT, ck.key, data)
+        assert len(chunk_mac(SECRET, TENANT, ck.key, data)) == MAC_BYTES
+
+
+def test_tenant_key_files_are_parsed_and_checked(tmp_path: Path) -> None:
+    good = tmp_path / "keys"
+    good.write_text("# tenant:key\n6:" + SECRET.hex() + "\n\n0x7: 0102\n")
+    assert load_tenant_keys(good) == {6: SECRET, 7: b"\x01\x02"}
+    bad = tmp_path / "bad"
+    bad.write_text("70000:00\n")
+    with pytest.raises(ValueError, match="bad:1"):
+        load_tenant_keys(bad)
