@@ -63,9 +63,21 @@ class Dataplane:
     Args:
         pipeline: the switch pipeline.
         ports: port number to interface name.
+
+    Raises:
+        DataplaneError: a port is the CPU port or not a 9-bit port number.
     """
 
     def __init__(self, pipeline: Pipeline, ports: Mapping[int, str]):
+        if pipeline.cpu_port in ports:
+            # A frame from that interface would be taken for a PacketOut from the controller,
+            # and could WRITE switch SRAM.
+            raise DataplaneError(
+                f"port {pipeline.cpu_port} is the CPU port; no interface may be mapped to it"
+            )
+        bad = sorted(p for p in ports if not 0 <= p < 1 << 9)
+        if bad:
+            raise DataplaneError(f"ports {bad} are not 9-bit port numbers")
         self.pipeline = pipeline
         self.ports = dict(ports)
         self._socks: dict[int, socket.socket] = {}
