@@ -67,6 +67,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from http import HTTPStatus
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -106,7 +107,14 @@ from controlplane.errors import (
 )
 from controlplane.p4rt import SessionInfo, SwitchClient, SwitchConfig, SwitchFleet
 from controlplane.policies import Access, CachePolicy, Decision, EvictAction, make_policy
-from controlplane.reports import AccessReport, HttpApi, ReportRejectedError, Response, report_routes
+from controlplane.reports import (
+    AccessReport,
+    Handler,
+    HttpApi,
+    ReportRejectedError,
+    Response,
+    report_routes,
+)
 from kvcast import p4constants as c
 
 __all__ = [
@@ -554,6 +562,28 @@ class Controller:
 
         return KvpChunkSource(locate, timeout_s=self.config.chunk_timeout_s)
 
+    def _group_routes(self) -> dict[tuple[str, str], Handler]:
+        """``GET /v1/groups/<switch>``: the multicast groups of each switch, for pool nodes.
+
+        A pool node started with ``--groups-url`` echoes only these groups (poolnode.groups).
+        """
+        routes: dict[tuple[str, str], Handler] = {}
+        for name, rt in self.switches.items():
+
+            def groups(_body: bytes, rt: SwitchRuntime = rt) -> Response:
+                held = rt.multicast.groups()
+                return Response.json(
+                    HTTPStatus.OK,
+                    {
+                        "switch": rt.name,
+                        "groups": sorted(held),
+                        "members": {str(g): sorted(m) for g, m in sorted(held.items())},
+                    },
+                )
+
+            routes[("GET", f"/v1/groups/{name}")] = groups
+        return routes
+
     # ------------------------------------------------------------------ lifecycle
     @property
     def report_address(self) -> tuple[str, int] | None:
@@ -578,7 +608,7 @@ class Controller:
         self._report_api = HttpApi(
             api.listen.host,
             api.listen.port,
-            report_routes(self),
+            {**report_routes(self), **self._group_routes()},
             max_body_bytes=api.max_body_bytes,
             name="report-api",
         )

@@ -37,6 +37,7 @@ from typing import Any
 from hostagent.synthetic import ChunkSpec
 from kvcast import p4constants as c
 from poolnode.backend import InMemoryBackend, PoolBackend, PoolBackendError
+from poolnode.groups import GroupRegistry
 from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster
 from poolnode.server import DEFAULT_MTU, PoolServer, ServerStats
 
@@ -139,6 +140,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TENANT:KEY:NBYTES[:SEED]",
         help="store this synthetic chunk before serving (repeatable)",
     )
+    p.add_argument(
+        "--groups-url",
+        help="the controller's http://HOST:PORT/v1/groups/SWITCH: refuse GETs naming other groups",
+    )
     p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -183,7 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stack.callback(backend.close)
             if args.preload:
                 backend.put_many((p.tenant, p.key, p.data()) for p in args.preload)
-            server = PoolServer(backend, args.host, args.port, args.mtu, args.cache_mib << 20)
+            groups = None
+            if args.groups_url:
+                groups = GroupRegistry(args.groups_url).start()
+                stack.callback(groups.stop)
+            server = PoolServer(
+                backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups
+            )
             server.bind()
             writer = None
             if args.stats_file is not None:

@@ -35,6 +35,7 @@ from typing import Any, cast
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
 from poolnode.backend import PoolBackend
+from poolnode.groups import GroupRegistry
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class ServerStats:
     ``data_sent`` counts DATA messages and ``data_payload_bytes`` their fragment bytes (what the
     handler produced); ``bytes_sent`` counts the UDP payload bytes the socket accepted (DATA and
     NACK, headers included); ``duplicate_gets`` the copies of a recent GET left unanswered;
-    ``oversized_gets`` the GETs refused for asking more than ``max_get_fragments``.
+    ``oversized_gets`` the GETs refused for asking more than ``max_get_fragments``;
+    ``unknown_groups`` those refused for naming a group the node was not told about.
     """
 
     datagrams: int = 0
@@ -93,6 +95,7 @@ class ServerStats:
     unexpected_op: int = 0
     duplicate_gets: int = 0
     oversized_gets: int = 0
+    unknown_groups: int = 0
     cache_hits: int = 0
     backend_reads: int = 0
     send_errors: int = 0
@@ -163,6 +166,9 @@ class KvpGetHandler:
         max_get_fragments: the most fragments one GET may ask for; a GET asking for more is
             refused (NACK BAD_REQUEST, counted in ``oversized_gets``), so no 338-byte request
             makes the node send more than this many fragments (docs/security.md).
+        groups: the groups the node may echo (poolnode.groups); a GET naming another is
+            refused (NACK BAD_REQUEST, counted in ``unknown_groups``). None: any group (the
+            switch checks membership before a GET reaches the node).
 
     Raises:
         ValueError: the MTU cannot carry one fragment.
@@ -176,9 +182,11 @@ class KvpGetHandler:
         stats: ServerStats | None = None,
         dedup_window: int = 8192,
         max_get_fragments: int = MAX_GET_FRAGMENTS,
+        groups: GroupRegistry | None = None,
     ) -> None:
         self.backend = backend
         self.max_get_fragments = max_get_fragments
+        self.groups = groups
         self.dedup_window = dedup_window
         self._recent: OrderedDict[tuple[int, int, int, int, int, int], None] = OrderedDict()
         self.frags_per_data = frags_per_data(mtu)
@@ -234,6 +242,9 @@ class KvpGetHandler:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if count > self.max_get_fragments:
             stats.oversized_gets += 1
+            return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        if group and self.groups is not None and not self.groups.allows(group):
+            stats.unknown_groups += 1
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if self.dedup_window:
             ident = (tenant, key, group, req_id, frag_idx, count)
@@ -309,6 +320,7 @@ class PoolServer:
         mtu: IP MTU the DATA messages must fit in.
         cache_bytes: size of the recently-served chunk cache.
         socket_buffer_bytes: SO_RCVBUF/SO_SNDBUF to ask for.
+        groups: the groups the node may echo (None: any), see ``KvpGetHandler``.
     """
 
     def __init__(
@@ -319,8 +331,9 @@ class PoolServer:
         mtu: int = DEFAULT_MTU,
         cache_bytes: int = 64 << 20,
         socket_buffer_bytes: int = 4 << 20,
+        groups: GroupRegistry | None = None,
     ) -> None:
-        self.handler = KvpGetHandler(backend, mtu, cache_bytes)
+        self.handler = KvpGetHandler(backend, mtu, cache_bytes, groups=groups)
         self.stats = self.handler.stats
         self._bind = (host, port)
         self._buffer_bytes = socket_buffer_bytes

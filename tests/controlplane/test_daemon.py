@@ -683,3 +683,43 @@ def test_a_stored_record_ends_the_wait_for_a_chunk_the_pool_lacked(env: Env) -> 
             await ctl.stop()
 
     run(main())
+
+
+# ---------------------------------------------------------------------- security base state
+def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(env: Env) -> None:
+    from poolnode.groups import GroupRegistry
+
+    async def main() -> None:
+        host = {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}
+        ctl = await started(env.config(hosts=[{**host, "tenants": [TENANT]}]))
+        try:
+            st = env.sw.state
+            bind, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE, (HOST_PORT,))
+            assert bind == ActionCall(
+                c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+                {"addr": int(IPv4Address(HOST_IP)), "check_tenant": 1},
+            )
+            pool, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE, (POOL_PORT,))
+            assert pool.params == {"role": c.PORT_ROLE_POOL}
+            unknown, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE, (HOST_PORT + 40,))
+            assert unknown.params == {"role": c.PORT_ROLE_DENY}
+            tenant_ok, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING, (HOST_PORT, TENANT))
+            assert tenant_ok.action == c.ACTION_INGRESS_PORT_ROLE_TENANT_OK
+            other, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING, (HOST_PORT, TENANT + 1))
+            assert other.action == c.ACTION_INGRESS_PORT_ROLE_TENANT_DENIED
+
+            address = ctl.report_address
+            assert address is not None
+            url = f"http://{address[0]}:{address[1]}/v1/groups/s1"
+            registry = GroupRegistry(url, min_refresh_s=0.0)
+            assert await asyncio.to_thread(registry.refresh) and registry.groups == frozenset()
+            gid = await ctl.switches["s1"].multicast.group_for(["h1"])
+            # A group made after the last read is found by the read on demand.
+            assert await asyncio.to_thread(registry.allows, gid)
+            assert not await asyncio.to_thread(registry.allows, gid + 1)
+            member, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, (gid, HOST_PORT))
+            assert member.action == c.ACTION_INGRESS_PORT_ROLE_MEMBER
+        finally:
+            await ctl.stop()
+
+    run(main())
