@@ -321,12 +321,14 @@ def test_unavailable_pool_is_retried(backend: InMemoryBackend) -> None:
 
 class _AnsweredFromElsewhere:
     """The service forwards every GET to a pool that answers from its own address, as the
-    switch does with a miss: the replies to a path's GETs do not come from the path's address."""
+    switch does with a miss: the replies to a path's GETs do not come from the path's address.
+    The pool answers from the KVP port, as every pool node does (the agent drops datagrams from
+    any other port that is not one of its paths)."""
 
-    def __init__(self, backend: InMemoryBackend) -> None:
+    def __init__(self, backend: InMemoryBackend, port: int = c.KVP_UDP_PORT) -> None:
         self.handler = pool(backend)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.2", port))
         self.client: Address | None = None
 
     def __call__(self, datagram: bytes) -> list[bytes]:
@@ -352,7 +354,22 @@ def test_replies_from_another_address_than_the_path_are_received(
         elsewhere.sock.close()
     assert report.ok and not report.fell_back
     assert as_bytes(out) == CHUNK
-    assert report.frags_pool == NFRAGS
+    assert report.frags_pool == NFRAGS and report.foreign == 0
+
+
+def test_replies_from_a_host_port_that_is_no_path_are_dropped(backend: InMemoryBackend) -> None:
+    elsewhere = _AnsweredFromElsewhere(backend, port=0)  # an ephemeral port: not a KVP service
+    try:
+        with (
+            FakeServer(elsewhere) as service,
+            make_client(service.address, timing=FAST) as client,
+        ):
+            elsewhere.client = ("127.0.0.1", client.address[1])
+            report = client.fetch(TENANT, KEY, dst())
+    finally:
+        elsewhere.sock.close()
+    assert not report.ok and report.frags_pool == 0
+    assert report.foreign > 0
 
 
 def test_no_other_socket_can_share_the_client_port() -> None:
