@@ -909,7 +909,7 @@ def main(argv: list[str] | None = None) -> int:
         n_pools=max(MODES[m].replicas for m in modes),
         host_link=LinkSpec(bw_mbit=args.host_mbit),
         pool_link=LinkSpec(bw_mbit=args.pool_mbit),
-        tenants=(args.tenant,),
+        tenants=(TENANT,),
     )
     pool_backend = args.pool_backend
     if pool_backend == "auto":
