@@ -31,10 +31,15 @@ def results() -> dict[str, object]:
         pytest.skip("Mininet needs root (network namespaces, veth, tc)")
     if shutil.which("mnexec") is None:
         pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
-    from experiments.incast import run_sweep
+    from experiments.incast import TENANT, run_sweep
 
+    # Host ports bound to their address and the experiment's tenant, as `make demo` runs it.
     spec = ClusterSpec(
-        n_hosts=N, n_pools=2, host_link=LinkSpec(bw_mbit=200), pool_link=LinkSpec(bw_mbit=20)
+        n_hosts=N,
+        n_pools=2,
+        host_link=LinkSpec(bw_mbit=200),
+        pool_link=LinkSpec(bw_mbit=20),
+        tenants=(TENANT,),
     )
     # The pool node as `make demo` runs it: Mooncake Store where it is installed.
     backend = "memory" if MOONCAKE_MISSING else "mooncake"
