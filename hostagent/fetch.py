@@ -60,6 +60,7 @@ from hostagent.integrity import MAC_BYTES, check_keys, chunk_mac, mac_key_of
 from hostagent.layout import MAX_FRAGMENTS, KVLayout
 from hostagent.reports import ReportSink, entry_from_fetch
 from kvcast import p4constants as c
+from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, chunk_crc_seed
 from poolnode.server import DEFAULT_MTU, frags_per_data
 
@@ -73,6 +74,9 @@ _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
 _KVP_PORT = c.KVP_UDP_PORT
+# The native path's receive slots (one datagram each, any UDP size) and event record width.
+_SLOT = 65536
+_EVENT_FIELDS = 7
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -335,6 +339,16 @@ class FetchClient:
         # Senders the unconnected socket takes datagrams from besides any KVP service port: the
         # paths themselves (in tests, servers on ephemeral ports).
         self._trusted = {_resolved(a) for a in (p.addr for p in self.paths)}
+        # The native receive path (kvcast._native.recv_fetch), where it is built: a batch of
+        # datagrams per system call, checked, CRC'd and copied into the tensor in C.
+        nat = native_enabled()
+        self._native = nat if nat is not None and array("L").itemsize == 8 else None
+        if self._native is not None:
+            self._rx = bytearray(_SLOT * self._native.MAX_BATCH)
+            self._events = array("q", bytes(8 * self._native.MAX_BATCH * _EVENT_FIELDS))
+            self._trusted_ints = tuple(
+                (int.from_bytes(socket.inet_aton(h), "big"), port) for h, port in self._trusted
+            )
         self._rbuf = bytearray(65536)
         self._rview = memoryview(self._rbuf)
         # Views into the receive buffer made once: a full fragment's payload, and the DATA's
@@ -404,6 +418,11 @@ class FetchClient:
             _LOG.debug("path %s sends with sendto: %s", path.name, exc)
             return None
         return conn
+
+    @property
+    def data_path(self) -> str:
+        """``native`` (kvcast._native receives, checks and copies) or ``python``."""
+        return "python" if self._native is None else "native"
 
     @property
     def address(self) -> Address:
@@ -628,6 +647,9 @@ class FetchClient:
                 wake = st.next_check if st.inflight else now + self.timeout_s
             for fd, _ in poll(max(0.0, min(wake, deadline) - now) * 1e3):
                 sock = socks[fd]
+                if self._native is not None:
+                    self._drain_native(st, fd, sock is unconnected)
+                    continue
                 if sock is not unconnected:  # the kernel takes only the path's own replies
                     recv_into = sock.recv_into
                     while st.missing:
@@ -755,6 +777,72 @@ class FetchClient:
         st.path_starts.append(st.rids_used)
         st.tries = bytearray(st.n)
         st.scan = 0
+
+    def _drain_native(self, st: _State, fd: int, check_src: bool) -> None:
+        """Receives what ``fd`` holds through kvcast._native (the same checks as ``_receive``).
+
+        The C side takes each DATA that answers one of this fetch's GETs within the fragments
+        that GET owns (or a replica of this host's group), checks its CRC, copies its new
+        fragments into the tensor and marks them present; this method then does the per-GET
+        bookkeeping from its events. Every other datagram comes back as bytes and goes through
+        ``_receive``.
+        """
+        nat = self._native
+        assert nat is not None
+        recv_fetch, rbuf = nat.recv_fetch, self._rbuf
+        while st.missing:
+            nev, slow, foreign, drained = recv_fetch(
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                st.tenant, st.key, st.get_group, self.group, st.crc_seed, st.nbytes, _FB,
+                st.rid_base, st.rids_used, st.out, st.frag, st.owner, self._events,
+            )  # fmt: skip
+            st.report.foreign += foreign
+            if nev:
+                self._apply_events(st, nev)
+            for datagram in slow:
+                n = len(datagram)
+                rbuf[:n] = datagram
+                self._receive(st, n)
+            if drained:
+                return
+
+    def _apply_events(self, st: _State, nev: int) -> None:
+        """Per-GET bookkeeping of the DATA the native path took (as the tail of ``_receive``)."""
+        ev, report, inflight, frag = self._events, st.report, st.inflight, st.frag
+        for i in range(0, nev * _EVENT_FIELDS, _EVENT_FIELDS):
+            rid, first, last, new, flags, crc_ok, ours = ev[i : i + _EVENT_FIELDS]
+            g = inflight.get(rid) if ours else None
+            if not crc_ok:
+                report.crc_failures += 1
+                if g is not None:
+                    del inflight[rid]
+                    self._release(st, rid, g, failed=True)
+                continue
+            if g is not None:
+                self._sample_rtt(st, time.monotonic() - g[3])
+            elif ours and rid in st.late:
+                self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
+            if new == 0:
+                report.duplicates += 1
+            else:
+                st.missing -= new
+                if flags & c.KVP_FLAG_HIT:
+                    report.frags_hit += new
+                else:
+                    report.frags_pool += new
+                if not ours:
+                    report.frags_stream += new
+                elif st.follower:
+                    report.repairs += new
+                if st.listening:
+                    st.last_progress = time.monotonic()
+            if g is not None:
+                if flags & c.KVP_FLAG_HIT:
+                    del inflight[rid]
+                    if g[1] > 1 or first != g[0]:
+                        self._release(st, rid, g, failed=False)
+                elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
+                    del inflight[rid]
 
     def _receive(self, st: _State, nrecv: int) -> None:
         report = st.report

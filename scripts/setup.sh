@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(python3-venv python3-dev mininet bridge-utils iputils-ping iproute2 ethtool
+APT_PACKAGES=(python3-venv python3-dev gcc mininet bridge-utils iputils-ping iproute2 ethtool
               tcpdump libibverbs1 libnl-3-200 libnl-route-3-200 procps psmisc)
 
 missing=()
@@ -30,7 +30,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv --system-site-packages .venv
 fi
 stamp=.venv/.kvcast-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The native data path (kvcast/_native.c, built by setup.py) is rebuilt when its source changes.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] ||
+   [ kvcast/_native.c -nt "$stamp" ]; then
   echo "setup: installing Python packages into .venv (log: .venv/pip.log)"
   {
     .venv/bin/pip install --upgrade pip &&
@@ -40,4 +42,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   } > .venv/pip.log 2>&1 || { tail -n 40 .venv/pip.log >&2; echo "setup: pip failed" >&2; exit 1; }
   touch "$stamp"
 fi
-echo "setup: ok ($(.venv/bin/python --version))"
+echo "setup: ok ($(.venv/bin/python --version), data path: $(.venv/bin/python -c 'from kvcast.native import describe; print(describe())'))"

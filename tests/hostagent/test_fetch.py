@@ -29,6 +29,9 @@ from tests.hostagent.fakes import (
     silent,
 )
 
+# Each test runs on the native data path and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("data_path")
+
 TENANT, KEY = 3, 0x0123456789ABCDEF
 NFRAGS = 23
 CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 77)
@@ -75,6 +78,12 @@ def dst() -> torch.Tensor:
 
 def as_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
+
+
+def test_the_client_uses_the_selected_data_path(pool_server: PoolServer, data_path: str) -> None:
+    with make_client(pool_server.address) as client:
+        assert client.data_path == data_path
+        assert client.fetch(TENANT, KEY, dst()).ok
 
 
 def test_complete_fetch_from_the_pool_server(pool_server: PoolServer) -> None:

@@ -23,6 +23,9 @@ from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, MulticastRelay, pool, silent
 from tests.hostagent.refbridge import RefSwitchBridge
 
+# Each test runs on the native data path and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("data_path")
+
 TENANT, KEY, GROUP = 4, 0xFEEDFACE12345678, 9
 NFRAGS = 23
 CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 100)

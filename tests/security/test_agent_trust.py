@@ -22,6 +22,9 @@ from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, pool
 
+# Each test runs on the native data path and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("data_path")
+
 TENANT, KEY, GROUP = 4, 0x5EC0DE5EC0DE5EC0, 12
 NFRAGS = 9
 CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 31)

@@ -18,6 +18,9 @@ from kvcast import p4constants as c
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 
+# Each test runs on the native data path and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("data_path")
+
 TENANT, KEY = 6, 0x6D6163
 SECRET = bytes(range(32))
 CHUNK = os.urandom(5 * c.FRAG_BYTES + 9)

@@ -1,0 +1,433 @@
+/*
+ * kvcast._native: the host data path's per-datagram work in C (docs/hostagent.md, "Native data
+ * path"). Python keeps every decision that is not per datagram (which GETs are in flight, when
+ * to retry, which path to take); this module only moves bytes:
+ *
+ *   crc32(data, value=0)        zlib's CRC-32 (same polynomial, same chaining), slice-by-8.
+ *   recv_fetch(...)             recvmmsg() a batch of datagrams for one fetch; for each DATA that
+ *                               answers one of the fetch's GETs (or is a replica of its group):
+ *                               check source, header, range, owner and CRC, copy the new
+ *                               fragments into the tensor and mark them present; report one
+ *                               event per such DATA and hand every other datagram back as bytes.
+ *   send_batch(fd, addr, msgs)  sendmmsg() of (header, payload) pairs to one address.
+ *
+ * Every function has a pure-Python equivalent (hostagent/fetch.py, poolnode/server.py) that the
+ * same tests run; this module is built by `pip install -e .` and is optional.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+/* ------------------------------------------------------------------ CRC-32 (zlib's) */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        }
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+/* Continues a CRC-32 from `value` (zlib.crc32(data, value)). */
+static uint32_t crc32_update(uint32_t value, const uint8_t *p, size_t n) {
+    uint32_t c = ~value;
+    while (n && ((uintptr_t)p & 7)) {
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= c; /* little-endian load, as the tables assume */
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+            crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) {
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    }
+    return ~c;
+}
+
+static PyObject *py_crc32(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &value)) {
+        return NULL;
+    }
+    uint32_t crc;
+    Py_BEGIN_ALLOW_THREADS
+    crc = crc32_update(value, data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* ------------------------------------------------------------------ KVP header */
+
+#define KVP_HDR 40
+#define OP_DATA 2
+#define FLAG_REPLICA 0x08
+#define MISSING 0
+#define PRESENT 2
+#define MAX_BATCH 64
+#define EVENT_FIELDS 7
+
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t be64(const uint8_t *p) {
+    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+/*
+ * recv_fetch(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, tenant, key, get_group,
+ *            my_group, crc_seed, nbytes, frag_bytes, rid_base, rids_used, out, frag, owner,
+ *            events)
+ *   -> (events_written, slow_list, foreign, would_block)
+ *
+ * rxbuf: a writable buffer of MAX_BATCH * slot bytes, reused between calls.
+ * trusted: a tuple of (ipv4 as host-order int, port) the source may be besides kvp_port (only
+ *     checked when check_src).
+ * out: the tensor's bytes (writable); frag: the per-fragment state bytearray; owner: one
+ *     uint64 per fragment, the request id that last asked for it.
+ * events: a writable int64 buffer of MAX_BATCH * EVENT_FIELDS; per fast-path DATA:
+ *     rid, first, last, new fragments, flags, crc_ok (1/0), ours (1: answers one of our GETs,
+ *     0: a replica of our group).
+ * Every datagram that is not such a DATA (NACK, another chunk, anything odd, a DATA whose
+ * range or owner does not match) is returned as bytes in slow_list, for the Python path.
+ */
+static PyObject *py_recv_fetch(PyObject *self, PyObject *args) {
+    int fd, check_src, kvp_port, version_op, tenant, get_group, my_group, frag_bytes;
+    unsigned long long key;
+    unsigned int crc_seed, rid_base, rids_used;
+    Py_ssize_t slot, nbytes;
+    Py_buffer rx, out, frag, owner, events;
+    PyObject *trusted;
+    if (!PyArg_ParseTuple(args, "iw*niO!iiiKiiIniIIw*w*w*w*", &fd, &rx, &slot, &check_src,
+                          &PyTuple_Type, &trusted, &kvp_port, &version_op, &tenant, &key,
+                          &get_group, &my_group, &crc_seed, &nbytes, &frag_bytes, &rid_base,
+                          &rids_used, &out, &frag, &owner, &events)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *slow = NULL;
+    Py_ssize_t nfrag = frag.len;
+    int nmax = MAX_BATCH;
+    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || owner.len < nfrag * 8 ||
+        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || out.len < nbytes ||
+        frag_bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "recv_fetch: a buffer is too small");
+        goto done;
+    }
+    Py_ssize_t ntrusted = PyTuple_GET_SIZE(trusted);
+    uint32_t tip[16];
+    uint16_t tport[16];
+    if (ntrusted > 16) {
+        ntrusted = 16;
+    }
+    for (Py_ssize_t i = 0; i < ntrusted; i++) {
+        PyObject *t = PyTuple_GET_ITEM(trusted, i);
+        unsigned long ip;
+        int port;
+        if (!PyArg_ParseTuple(t, "ki", &ip, &port)) {
+            goto done;
+        }
+        tip[i] = (uint32_t)ip;
+        tport[i] = (uint16_t)port;
+    }
+    slow = PyList_New(0);
+    if (slow == NULL) {
+        goto done;
+    }
+
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sockaddr_in src[MAX_BATCH];
+    uint8_t *base = rx.buf;
+    for (int i = 0; i < nmax; i++) {
+        iov[i].iov_base = base + (size_t)i * slot;
+        iov[i].iov_len = (size_t)slot;
+        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = &src[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(src[i]);
+    }
+    int got;
+    Py_BEGIN_ALLOW_THREADS
+    got = recvmmsg(fd, msgs, nmax, MSG_DONTWAIT, NULL);
+    Py_END_ALLOW_THREADS
+    int would_block = 0;
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED) {
+            got = 0;
+            would_block = errno != ECONNREFUSED;
+        } else {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+    }
+    long foreign = 0;
+    int nev = 0;
+    int64_t *ev = events.buf;
+    uint8_t *fr = frag.buf;
+    uint64_t *own = owner.buf;
+    uint8_t *dst = out.buf;
+    for (int m = 0; m < got; m++) {
+        uint8_t *d = iov[m].iov_base;
+        size_t len = msgs[m].msg_len;
+        if (check_src) {
+            uint16_t sport = ntohs(src[m].sin_port);
+            int ok = sport == kvp_port;
+            uint32_t sip = ntohl(src[m].sin_addr.s_addr);
+            for (Py_ssize_t i = 0; !ok && i < ntrusted; i++) {
+                ok = tip[i] == sip && tport[i] == sport;
+            }
+            if (!ok) {
+                foreign++;
+                continue;
+            }
+        }
+        int fast = 0;
+        if (len >= KVP_HDR && !(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && d[0] == version_op &&
+            be16(d + 4) == tenant && be64(d + 8) == key) {
+            uint8_t flags = d[1];
+            int group = be16(d + 6);
+            uint32_t rid = be32(d + 16);
+            long first = be16(d + 24);
+            long total = be16(d + 26);
+            long plen = be16(d + 28);
+            uint32_t crc = be32(d + 36);
+            long last = first + (plen + frag_bytes - 1) / frag_bytes;
+            long lo = first * (long)frag_bytes;
+            long end = last * (long)frag_bytes < (long)nbytes ? last * (long)frag_bytes : (long)nbytes;
+            int ours = (uint32_t)(rid - rid_base) < rids_used;
+            int replica = !ours && (flags & FLAG_REPLICA) && group != 0 && group == my_group;
+            int shape_ok = plen > 0 && (size_t)plen <= len - KVP_HDR && total == nfrag &&
+                           last <= nfrag && lo + plen == end;
+            if (shape_ok && ((ours && group == get_group) || replica)) {
+                int owned = 1;
+                for (long f = first; ours && f < last; f++) {
+                    if (own[f] != rid) {
+                        owned = 0;
+                        break;
+                    }
+                }
+                if (owned) {
+                    fast = 1;
+                    uint8_t idx[2] = {d[24], d[25]};
+                    uint32_t want = crc32_update(crc32_update(crc_seed, idx, 2), d + KVP_HDR,
+                                                 (size_t)plen);
+                    long added = 0;
+                    int crc_ok = want == crc;
+                    if (crc_ok) {
+                        for (long f = first; f < last; f++) {
+                            if (fr[f] != PRESENT) {
+                                long a = f * (long)frag_bytes;
+                                long b = a + frag_bytes < end ? a + frag_bytes : end;
+                                memcpy(dst + a, d + KVP_HDR + (a - lo), (size_t)(b - a));
+                                fr[f] = PRESENT;
+                                added++;
+                            }
+                        }
+                    }
+                    int64_t *e = ev + (size_t)nev * EVENT_FIELDS;
+                    e[0] = rid;
+                    e[1] = first;
+                    e[2] = last;
+                    e[3] = added;
+                    e[4] = flags;
+                    e[5] = crc_ok;
+                    e[6] = ours;
+                    nev++;
+                }
+            }
+        }
+        if (!fast) {
+            PyObject *b = PyBytes_FromStringAndSize((const char *)d, (Py_ssize_t)len);
+            if (b == NULL || PyList_Append(slow, b) < 0) {
+                Py_XDECREF(b);
+                goto done;
+            }
+            Py_DECREF(b);
+        }
+    }
+    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < nmax);
+done:
+    Py_XDECREF(slow);
+    PyBuffer_Release(&rx);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&frag);
+    PyBuffer_Release(&owner);
+    PyBuffer_Release(&events);
+    return result;
+}
+
+/* ------------------------------------------------------------------ send_batch */
+
+#define SEND_BATCH 256
+#define SEND_WAIT_MS 100
+
+/*
+ * send_batch(fd, (ipv4 host-order int, port), [(header, payload), ...]) -> bytes sent
+ * One sendmmsg() per 256 messages. A full send buffer is waited on for up to SEND_WAIT_MS (as
+ * the Python path's socket timeout does); a message the kernel still would not take ends the
+ * call: the bytes sent so far are returned (OSError when nothing was sent).
+ */
+static PyObject *py_send_batch(PyObject *self, PyObject *args) {
+    int fd, port;
+    unsigned long ip;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "i(ki)O", &fd, &ip, &port, &seq)) {
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "send_batch: messages must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof(to));
+    to.sin_family = AF_INET;
+    to.sin_port = htons((uint16_t)port);
+    to.sin_addr.s_addr = htonl((uint32_t)ip);
+    long long sent = 0;
+    Py_buffer bufs[SEND_BATCH][2];
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH][2];
+    for (Py_ssize_t start = 0; start < n; start += SEND_BATCH) {
+        Py_ssize_t k = n - start < SEND_BATCH ? n - start : SEND_BATCH;
+        Py_ssize_t held = 0;
+        int bad = 0;
+        for (; held < k; held++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(fast, start + held);
+            PyObject *h, *p;
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "send_batch: each message is (header, payload)");
+                bad = 1;
+                break;
+            }
+            h = PyTuple_GET_ITEM(pair, 0);
+            p = PyTuple_GET_ITEM(pair, 1);
+            if (PyObject_GetBuffer(h, &bufs[held][0], PyBUF_SIMPLE) < 0) {
+                bad = 1;
+                break;
+            }
+            if (PyObject_GetBuffer(p, &bufs[held][1], PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&bufs[held][0]);
+                bad = 1;
+                break;
+            }
+            iov[held][0].iov_base = bufs[held][0].buf;
+            iov[held][0].iov_len = (size_t)bufs[held][0].len;
+            iov[held][1].iov_base = bufs[held][1].buf;
+            iov[held][1].iov_len = (size_t)bufs[held][1].len;
+            memset(&msgs[held].msg_hdr, 0, sizeof(msgs[held].msg_hdr));
+            msgs[held].msg_hdr.msg_name = &to;
+            msgs[held].msg_hdr.msg_namelen = sizeof(to);
+            msgs[held].msg_hdr.msg_iov = iov[held];
+            msgs[held].msg_hdr.msg_iovlen = 2;
+        }
+        int done_n = 0;
+        int err = 0;
+        if (!bad) {
+            Py_BEGIN_ALLOW_THREADS
+            while (done_n < k) {
+                int r = sendmmsg(fd, msgs + done_n, (unsigned int)(k - done_n), 0);
+                if (r < 0) {
+                    if (errno == EINTR) {
+                        continue;
+                    }
+                    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                        /* A full send buffer: wait for room as Python's socket timeout
+                         * would (SEND_WAIT_MS), then give up on the rest. */
+                        struct pollfd pfd = {fd, POLLOUT, 0};
+                        if (poll(&pfd, 1, SEND_WAIT_MS) > 0) {
+                            continue;
+                        }
+                    }
+                    err = errno ? errno : EAGAIN;
+                    break;
+                }
+                done_n += r;
+            }
+            Py_END_ALLOW_THREADS
+            for (int i = 0; i < done_n; i++) {
+                sent += msgs[i].msg_len;
+            }
+        }
+        for (Py_ssize_t i = 0; i < held; i++) {
+            PyBuffer_Release(&bufs[i][0]);
+            PyBuffer_Release(&bufs[i][1]);
+        }
+        if (bad) {
+            Py_DECREF(fast);
+            return NULL;
+        }
+        if (err) {
+            if (sent == 0) {
+                errno = err;
+                Py_DECREF(fast);
+                return PyErr_SetFromErrno(PyExc_OSError);
+            }
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    return PyLong_FromLongLong(sent);
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib's CRC-32, continued from value."},
+    {"recv_fetch", py_recv_fetch, METH_VARARGS,
+     "Receive a batch of datagrams for one fetch (see kvcast/_native.c)."},
+    {"send_batch", py_send_batch, METH_VARARGS,
+     "send_batch(fd, (ip, port), [(header, payload), ...]): sendmmsg, returns bytes sent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kvcast._native",
+    "The host data path's per-datagram work in C (recvmmsg, sendmmsg, CRC-32).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

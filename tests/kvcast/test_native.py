@@ -1,0 +1,105 @@
+"""The native data path module against its pure-Python equivalents."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import zlib
+from array import array
+
+import pytest
+
+from kvcast import p4constants as c
+from kvcast.native import describe, native
+from kvcast.wire import chunk_crc_seed, data_message
+
+needs_native = pytest.mark.skipif(
+    native is None, reason="kvcast._native not built (make setup compiles it with gcc)"
+)
+
+
+def test_the_extension_is_built_wherever_a_compiler_is() -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed: the pure-Python paths run")
+    assert native is not None, "pip install -e . should have compiled kvcast/_native.c"
+    assert describe() in ("native", "python (KVCAST_NATIVE=0)")
+
+
+@needs_native
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 1000, 8704])
+def test_crc32_is_zlibs(n: int) -> None:
+    assert native is not None
+    data = os.urandom(n)
+    for seed in (0, 0x1234ABCD, 0xFFFFFFFF):
+        assert native.crc32(data, seed) == zlib.crc32(data, seed)
+        assert native.crc32(memoryview(data)[1:], seed) == zlib.crc32(data[1:], seed)
+
+
+@needs_native
+def test_send_batch_sends_each_pair_as_one_datagram() -> None:
+    assert native is not None
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # 300 datagrams queue up
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        port = rx.getsockname()[1]
+
+        def pair(i: int) -> tuple[bytes, memoryview]:
+            return i.to_bytes(3, "big"), memoryview(bytes([i % 251]) * (i % 50 + 1))
+
+        msgs = [pair(i) for i in range(300)]  # more than one sendmmsg batch (256)
+        sent = native.send_batch(tx.fileno(), (0x7F000001, port), msgs)
+        assert sent == sum(3 + i % 50 + 1 for i in range(300))
+        for i in range(300):
+            header, payload = pair(i)
+            assert rx.recv(2048) == header + bytes(payload)
+        with pytest.raises(TypeError):
+            native.send_batch(tx.fileno(), (0x7F000001, port), [b"not a pair"])
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
+    assert native is not None
+    tenant, key, n, rid_base = 3, 0xABC, 4, 1000
+    chunk = os.urandom(n * c.FRAG_BYTES - 10)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        to = rx.getsockname()
+        fb = c.FRAG_BYTES
+        # rid 1000 asked for fragments 0-1, rid 1001 for 2-3.
+        owner = array("L", [1000, 1000, 1001, 1001])
+        frag = bytearray([1, 1, 1, 1])
+        good = data_message(tenant, key, 0, n, chunk[: 2 * fb], req_id=1000)
+        corrupt = bytearray(data_message(tenant, key, 2, n, chunk[2 * fb :], req_id=1001))
+        corrupt[-1] ^= 1
+        stolen = data_message(tenant, key, 2, n, chunk[2 * fb :], req_id=1000)  # not its range
+        other = data_message(tenant, key + 1, 0, n, chunk[:fb], req_id=1000)
+        for msg in (good, bytes(corrupt), stolen, other):
+            tx.sendto(msg, to)
+        out = bytearray(len(chunk))
+        events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+        rxbuf = bytearray(65536 * native.MAX_BATCH)
+        seed = chunk_crc_seed(tenant, key)
+        nev, slow, foreign, _ = native.recv_fetch(
+            rx.fileno(), rxbuf, 65536, True, (), tx.getsockname()[1],
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, 0, seed, len(chunk), fb,
+            rid_base, 2, out, frag, owner, events,
+        )  # fmt: skip
+    finally:
+        rx.close()
+        tx.close()
+    assert foreign == 0 and nev == 2
+    first = list(events[0:7])
+    assert first == [1000, 0, 2, 2, c.KVP_FLAG_POOL, 1, 1]
+    assert list(events[7:14])[3:6] == [0, c.KVP_FLAG_POOL, 0]  # the corrupted one: CRC fails
+    assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 1])
+    assert [bytes(s) for s in slow] == [stolen, other]
