@@ -12,6 +12,7 @@ setup(
             "kvcast._native",
             ["kvcast/_native.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+            libraries=["dl"],
             optional=True,
         )
     ]

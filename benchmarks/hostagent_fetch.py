@@ -67,6 +67,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,7 @@ from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethP
 from hostagent import bench as hostbench
 from hostagent.synthetic import synthetic_chunk
 from kvcast import p4constants as c
+from kvcast import wire
 from kvcast.p4rt_client import Lpm
 from poolnode.server import frags_per_data
 
@@ -93,6 +95,13 @@ PEER_MAC, PEER_IP = "00:00:00:00:01:01", "10.0.1.1"
 TENANT, KEY, SEED = 1, 0xBE7C5, 3
 # One 16-token block of DESIGN.md's small model (24 layers x K,V x 2 heads x 64 x bf16): 192 KiB.
 CHUNK_BYTES = 24 * 2 * 2 * 64 * 2 * 16
+# The larger chunk of the Mooncake comparison: a 2 MiB block (a 128-token block of that model,
+# or a 16-token block of a model 8x wider).
+LARGE_CHUNK_BYTES = 2 << 20
+# Loopback carries jumbo frames: the pool node and the client both use a 9000-byte MTU, and a
+# GET asks for 256 fragments (the pool node's maximum, answered in eight 34-fragment DATAs).
+JUMBO_MTU = 9000
+LOOPBACK_FRAGS_PER_GET = 256
 
 
 def _ip(text: str) -> int:
@@ -334,13 +343,21 @@ def _stderr_to_file() -> Iterator[Any]:
             os.close(saved)
 
 
-def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, float]:
+def measure_mooncake(
+    nbytes: int,
+    rounds: int,
+    warmup: int = 3,
+    mtu: int = JUMBO_MTU,
+    frags_per_get: int | None = LOOPBACK_FRAGS_PER_GET,
+) -> dict[str, float]:
     """Mooncake ``get_into`` over TCP vs a KVP fetch from the same pool node, on loopback.
 
     Args:
         nbytes: chunk length.
         rounds: measured ``get_into`` / fetch pairs.
         warmup: pairs run first and not counted (the first reads set up connections).
+        mtu: the pool node's and the client's MTU (loopback carries jumbo frames).
+        frags_per_get: fragments per GET (None: one DATA's worth).
 
     Returns:
         ``get_into_MBps``, ``kvp_MBps`` and medians.
@@ -359,6 +376,7 @@ def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, flo
         pool = [
             sys.executable, "-m", "poolnode", "--master", master.address, "--segment-mib", "64",
             "--host", "127.0.0.1", "--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
+            "--mtu", str(mtu),
         ]  # fmt: skip
         with _pool_node(pool) as (port, _):
             with _stderr_to_file() as log:
@@ -374,7 +392,10 @@ def measure_mooncake(nbytes: int, rounds: int, warmup: int = 3) -> dict[str, flo
             mc_s: list[float] = []
             kvp_s: list[float] = []
             try:
-                with FetchClient(("127.0.0.1", port), timeout_s=0.05, max_timeout_s=0.5) as cl:
+                with FetchClient(
+                    ("127.0.0.1", port), timeout_s=0.05, max_timeout_s=0.5, mtu=mtu,
+                    frags_per_get=frags_per_get, socket_buffer_bytes=16 << 20,
+                ) as cl:  # fmt: skip
                     for i in range(-warmup, rounds):  # warm-up: handshakes, caches
                         dst.zero_()
                         t0 = time.perf_counter()
@@ -446,6 +467,164 @@ def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
         "plain_MBps": nbytes / statistics.median(plain_s) / 1e6,
         "mac_MBps": nbytes / statistics.median(mac_s) / 1e6,
         "blake2b_us": mac_us,
+    }
+
+
+_STREAM_GROUP = 77
+# The sender of the pre-queued streams binds the KVP port on a loopback address of its own, so
+# the agent's source check takes its datagrams as a KVP service's.
+_STREAM_SENDER = ("127.0.0.3", 19286)
+
+
+def _stream(nbytes: int, frags_per_msg: int) -> list[tuple[bytes, memoryview]]:
+    """A chunk as multicast-replica DATA messages of ``frags_per_msg`` fragments each."""
+    data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
+    n = -(-nbytes // c.FRAG_BYTES)
+    out = []
+    for first in range(0, n, frags_per_msg):
+        lo = first * c.FRAG_BYTES
+        hi = min((first + frags_per_msg) * c.FRAG_BYTES, nbytes)
+        msg = wire.data_message(
+            TENANT, KEY, first, n, data[lo:hi], group=_STREAM_GROUP,
+            flags=c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA,
+        )  # fmt: skip
+        out.append((msg[: c.KVP_HDR_BYTES], memoryview(msg)[c.KVP_HDR_BYTES :]))
+    return out
+
+
+def _queue(
+    sender: socket.socket, to: tuple[str, int], msgs: list[tuple[bytes, memoryview]]
+) -> None:
+    for header, payload in msgs:
+        sender.sendto(header + bytes(payload), to)
+
+
+def measure_receive(nbytes: int, frags_per_msg: int, rounds: int) -> dict[str, float]:
+    """The agent's receive rate alone vs a receive loop that only counts (the ceiling).
+
+    Each round queues the whole chunk as multicast-replica DATA in the receiving socket's buffer
+    first, then times how long the receiver takes to drain it: a follower ``FetchClient``
+    (checks, CRC, copy into the tensor; whichever data path ``KVCAST_NATIVE`` selects), and
+    ``kvcast._native.recv_count`` on a plain socket. Alternated, medians.
+
+    Returns:
+        ``agent_MBps``, ``ceiling_MBps``, ``agent_frags_per_s``, ``ceiling_frags_per_s``.
+
+    Raises:
+        RuntimeError: kvcast._native is not built (the ceiling is native code), or a round
+            lost datagrams (the socket buffer could not hold the chunk).
+    """
+    import torch
+
+    from hostagent.fetch import FetchClient
+    from kvcast.native import native
+
+    if native is None:
+        raise RuntimeError("kvcast._native not built: no native receive ceiling to compare with")
+    msgs = _stream(nbytes, frags_per_msg)
+    frags = -(-nbytes // c.FRAG_BYTES)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
+    sender.bind(_STREAM_SENDER)
+    plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    plain.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+    plain.bind(("127.0.0.1", 0))
+    rxbuf = bytearray(65536 * native.MAX_BATCH)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    agent_s: list[float] = []
+    ceiling_s: list[float] = []
+    try:
+        with FetchClient(
+            ("127.0.0.1", 9), group=_STREAM_GROUP, socket_buffer_bytes=16 << 20, deadline_s=10
+        ) as client:
+            for _ in range(rounds):
+                _queue(sender, client.address, msgs)
+                report = client.follow(TENANT, KEY, dst, nbytes, stall_s=5.0, first_wait_s=5.0)
+                if not report.ok or report.frags_stream != frags:
+                    raise RuntimeError(f"the receive benchmark lost datagrams: {report}")
+                agent_s.append(report.duration_s)
+                _queue(sender, plain.getsockname(), msgs)
+                t0 = time.perf_counter()
+                got, _ = native.recv_count(plain.fileno(), rxbuf, 65536, len(msgs), 1000)
+                ceiling_s.append(time.perf_counter() - t0)
+                if got != len(msgs):
+                    raise RuntimeError(f"the ceiling loop got {got} of {len(msgs)} datagrams")
+    finally:
+        sender.close()
+        plain.close()
+    agent, ceiling = statistics.median(agent_s), statistics.median(ceiling_s)
+    return {
+        "agent_MBps": nbytes / agent / 1e6,
+        "ceiling_MBps": nbytes / ceiling / 1e6,
+        "agent_frags_per_s": frags / agent,
+        "ceiling_frags_per_s": frags / ceiling,
+    }
+
+
+def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
+    """The pool node's send rate for one chunk vs sending the same datagrams prebuilt (ceiling).
+
+    The pool node's side: ``KvpGetHandler.handle`` of GETs for the whole chunk (256 fragments
+    each) and the server's send of the replies (``sendmmsg`` where kvcast._native is in use,
+    else one ``sendmsg`` per DATA), into a socket whose buffer holds the whole chunk. The
+    ceiling: ``kvcast._native.send_batch`` of the same datagrams built beforehand. Alternated,
+    medians.
+
+    Returns:
+        ``pool_MBps``, ``ceiling_MBps``.
+
+    Raises:
+        RuntimeError: kvcast._native is not built.
+    """
+    from kvcast.native import enabled, native
+    from poolnode.backend import InMemoryBackend
+    from poolnode.server import MAX_GET_FRAGMENTS, KvpGetHandler
+
+    if native is None:
+        raise RuntimeError("kvcast._native not built: no native send ceiling to compare with")
+    nat = enabled()
+    data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, data)
+    handler = KvpGetHandler(backend, mtu=mtu, dedup_window=0)
+    n = -(-nbytes // c.FRAG_BYTES)
+    gets = [
+        wire.get_message(TENANT, KEY, f, req_id=f, count=min(MAX_GET_FRAGMENTS, n - f))
+        for f in range(0, n, MAX_GET_FRAGMENTS)
+    ]
+    prebuilt = [r for g in gets for r in handler.handle(g)]
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
+    to = rx.getsockname()
+    ip = int.from_bytes(socket.inet_aton(to[0]), "big")
+    rxbuf = bytearray(65536 * native.MAX_BATCH)
+    pool_s: list[float] = []
+    ceiling_s: list[float] = []
+    try:
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for g in gets:
+                replies = handler.handle(g)
+                if nat is not None:
+                    nat.send_batch(tx.fileno(), (ip, to[1]), replies)
+                else:
+                    for header, payload in replies:
+                        tx.sendmsg((header, payload), (), 0, to)
+            pool_s.append(time.perf_counter() - t0)
+            native.recv_count(rx.fileno(), rxbuf, 65536, len(prebuilt), 1000)
+            t0 = time.perf_counter()
+            native.send_batch(tx.fileno(), (ip, to[1]), prebuilt)
+            ceiling_s.append(time.perf_counter() - t0)
+            native.recv_count(rx.fileno(), rxbuf, 65536, len(prebuilt), 1000)
+    finally:
+        rx.close()
+        tx.close()
+    return {
+        "pool_MBps": nbytes / statistics.median(pool_s) / 1e6,
+        "ceiling_MBps": nbytes / statistics.median(ceiling_s) / 1e6,
     }
 
 

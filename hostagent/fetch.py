@@ -77,6 +77,7 @@ _KVP_PORT = c.KVP_UDP_PORT
 # The native path's receive slots (one datagram each, any UDP size) and event record width.
 _SLOT = 65536
 _EVENT_FIELDS = 7
+_STREAM_FIELDS = 4
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -346,6 +347,7 @@ class FetchClient:
         if self._native is not None:
             self._rx = bytearray(_SLOT * self._native.MAX_BATCH)
             self._events = array("q", bytes(8 * self._native.MAX_BATCH * _EVENT_FIELDS))
+            self._stream = array("q", bytes(8 * _STREAM_FIELDS))
             self._trusted_ints = tuple(
                 (int.from_bytes(socket.inet_aton(h), "big"), port) for h, port in self._trusted
             )
@@ -717,8 +719,7 @@ class FetchClient:
                 owner[i] = rid
             else:
                 frag[i:j] = bytes([_REQUESTED]) * (j - i)
-                for f in range(i, j):
-                    owner[f] = rid
+                owner[i:j] = array("L", (rid,)) * (j - i)
             t = tries[i]
             due = now + (rto0 if t == 0 else min(rto0 * (1 << t), rto_max))
             inflight[rid] = (i, j - i, due, now)
@@ -789,16 +790,28 @@ class FetchClient:
         """
         nat = self._native
         assert nat is not None
-        recv_fetch, rbuf = nat.recv_fetch, self._rbuf
+        recv_fetch, rbuf, stream, report = nat.recv_fetch, self._rbuf, self._stream, st.report
         while st.missing:
+            stream[0] = stream[1] = stream[2] = stream[3] = 0
             nev, slow, foreign, drained = recv_fetch(
                 fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
                 st.tenant, st.key, st.get_group, self.group, st.crc_seed, st.nbytes, _FB,
-                st.rid_base, st.rids_used, st.out, st.frag, st.owner, self._events,
+                st.rid_base, st.rids_used, st.out, st.frag, st.owner, self._events, stream,
             )  # fmt: skip
-            st.report.foreign += foreign
+            report.foreign += foreign
             if nev:
                 self._apply_events(st, nev)
+            hit, pool, dups, bad = stream
+            if hit or pool or dups or bad:  # replicas of the group's stream
+                new = hit + pool
+                st.missing -= new
+                report.frags_hit += hit
+                report.frags_pool += pool
+                report.frags_stream += new
+                report.duplicates += dups
+                report.crc_failures += bad
+                if new and st.listening:
+                    st.last_progress = time.monotonic()
             for datagram in slow:
                 n = len(datagram)
                 rbuf[:n] = datagram

@@ -22,9 +22,16 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvcast import p4constants as c
+from kvcast.native import enabled as native_enabled
+
+# zlib's CRC-32; the native module's (PCLMULQDQ, about 3x faster) where it is in use. The two
+# give the same values (tests/kvcast/test_native.py).
+_native_ext = native_enabled()
+_crc32: Callable[..., int] = _native_ext.crc32 if _native_ext is not None else zlib.crc32
 
 KVP_STRUCT = struct.Struct("!BBBBHHQIIHHHHII")
 if KVP_STRUCT.size != c.KVP_HDR_BYTES:  # pragma: no cover - guards an edit of the format
@@ -162,7 +169,7 @@ def fragment_crc(tenant: int, key: int, frag_idx: int, payload: bytes | memoryvi
     Returns:
         The 32-bit CRC.
     """
-    return zlib.crc32(payload, zlib.crc32(_CRC_SEED.pack(tenant, key, frag_idx)))
+    return _crc32(payload, _crc32(_CRC_SEED.pack(tenant, key, frag_idx)))
 
 
 def chunk_crc_seed(tenant: int, key: int) -> int:
@@ -179,7 +186,7 @@ def chunk_crc_seed(tenant: int, key: int) -> int:
     Returns:
         The 32-bit running CRC.
     """
-    return zlib.crc32(_CRC_CHUNK.pack(tenant, key))
+    return _crc32(_CRC_CHUNK.pack(tenant, key))
 
 
 def fragment_crc_seeded(seed: int, frag_idx: int, payload: bytes | memoryview) -> int:
@@ -193,7 +200,7 @@ def fragment_crc_seeded(seed: int, frag_idx: int, payload: bytes | memoryview) -
     Returns:
         The 32-bit CRC.
     """
-    return zlib.crc32(payload, zlib.crc32(_CRC_INDEX.pack(frag_idx), seed))
+    return _crc32(payload, _crc32(_CRC_INDEX.pack(frag_idx), seed))
 
 
 def get_message(

@@ -83,16 +83,20 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
         corrupt[-1] ^= 1
         stolen = data_message(tenant, key, 2, n, chunk[2 * fb :], req_id=1000)  # not its range
         other = data_message(tenant, key + 1, 0, n, chunk[:fb], req_id=1000)
-        for msg in (good, bytes(corrupt), stolen, other):
+        # A replica of our group (7) for fragment 3: counted in the stream buffer, no event.
+        replica = data_message(tenant, key, 3, n, chunk[3 * fb :], req_id=5, group=7,
+                               flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
+        for msg in (good, bytes(corrupt), stolen, other, replica):
             tx.sendto(msg, to)
         out = bytearray(len(chunk))
         events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+        stream = array("q", bytes(8 * native.STREAM_FIELDS))
         rxbuf = bytearray(65536 * native.MAX_BATCH)
         seed = chunk_crc_seed(tenant, key)
         nev, slow, foreign, _ = native.recv_fetch(
             rx.fileno(), rxbuf, 65536, True, (), tx.getsockname()[1],
-            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, 0, seed, len(chunk), fb,
-            rid_base, 2, out, frag, owner, events,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, 7, seed, len(chunk), fb,
+            rid_base, 2, out, frag, owner, events, stream,
         )  # fmt: skip
     finally:
         rx.close()
@@ -101,5 +105,7 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
     first = list(events[0:7])
     assert first == [1000, 0, 2, 2, c.KVP_FLAG_POOL, 1, 1]
     assert list(events[7:14])[3:6] == [0, c.KVP_FLAG_POOL, 0]  # the corrupted one: CRC fails
-    assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 1])
+    assert list(stream) == [1, 0, 0, 0]  # one new fragment from SRAM
+    assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 2])
+    assert bytes(out[3 * fb :]) == chunk[3 * fb :]
     assert [bytes(s) for s in slow] == [stolen, other]
