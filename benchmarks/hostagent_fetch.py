@@ -85,6 +85,7 @@ from hostagent import bench as hostbench
 from hostagent.synthetic import synthetic_chunk
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.native import describe as describe_data_path
 from kvcast.p4rt_client import Lpm
 from poolnode.server import frags_per_data
 
@@ -688,18 +689,51 @@ def run(quick: bool = False) -> list[str]:
                 frags_pool=rec["frags_pool"], retries=rec["retries"],
                 udp_resent=rec["udp_resent"],
             )  # fmt: skip
-    try:
-        mc = measure_mooncake(nbytes, 20)
-    except ImportError as exc:
-        emit(path="mooncake", skipped=_reason(exc))
-    else:
+    data_path = describe_data_path().split(" ")[0]
+    for size in (nbytes, LARGE_CHUNK_BYTES):
+        try:
+            mc = measure_mooncake(size, 20)
+        except ImportError as exc:
+            emit(path="mooncake", chunk_bytes=size, skipped=_reason(exc))
+            continue
         emit(
-            path="mooncake", chunk_bytes=nbytes, get_into_MBps=mc["get_into_MBps"],
-            kvp_loopback_MBps=mc["kvp_MBps"], ratio_to_kvp=mc["get_into_MBps"] / mc["kvp_MBps"],
+            path="mooncake", chunk_bytes=size, mtu=JUMBO_MTU,
+            frags_per_get=LOOPBACK_FRAGS_PER_GET, data_path=data_path,
+            get_into_MBps=mc["get_into_MBps"], kvp_loopback_MBps=mc["kvp_MBps"],
+            ratio=mc["kvp_MBps"] / mc["get_into_MBps"],
+            ratio_to_kvp=mc["get_into_MBps"] / mc["kvp_MBps"],
             ratio_to_kvp_refswitch=(
-                mc["get_into_MBps"] / kvp_switch if kvp_switch else "n/a"
+                mc["get_into_MBps"] / kvp_switch if kvp_switch and size == nbytes else "n/a"
             ),
             rounds=20,
+        )  # fmt: skip
+    for label, frags_per_msg, size in (
+        ("sram", 1, 1 << 20),
+        ("mtu1500", frags_per_data(1500), LARGE_CHUNK_BYTES),
+        ("mtu9000", frags_per_data(JUMBO_MTU), LARGE_CHUNK_BYTES),
+    ):
+        try:
+            rx = measure_receive(size, frags_per_msg, rounds)
+        except RuntimeError as exc:
+            emit(path="agent_receive", datagrams=label, skipped=_reason(exc))
+            continue
+        emit(
+            path="agent_receive", datagrams=label, frags_per_datagram=frags_per_msg,
+            chunk_bytes=size, data_path=data_path, agent_MBps=rx["agent_MBps"],
+            ceiling_MBps=rx["ceiling_MBps"], agent_frags_per_s=rx["agent_frags_per_s"],
+            ceiling_frags_per_s=rx["ceiling_frags_per_s"],
+            ratio=rx["agent_MBps"] / rx["ceiling_MBps"], rounds=rounds,
+        )  # fmt: skip
+    for mtu in (1500, JUMBO_MTU):
+        try:
+            tx = measure_send(LARGE_CHUNK_BYTES, mtu, rounds)
+        except RuntimeError as exc:
+            emit(path="pool_send", mtu=mtu, skipped=_reason(exc))
+            continue
+        emit(
+            path="pool_send", mtu=mtu, chunk_bytes=LARGE_CHUNK_BYTES, data_path=data_path,
+            pool_MBps=tx["pool_MBps"], ceiling_MBps=tx["ceiling_MBps"],
+            ratio=tx["pool_MBps"] / tx["ceiling_MBps"], rounds=rounds,
         )  # fmt: skip
     mac = measure_mac(nbytes, rounds)
     emit(
