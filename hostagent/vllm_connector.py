@@ -312,8 +312,8 @@ class KvcastConnector(KVConnectorBase_V1):
         kv_cache_config: the engine's KV cache configuration.
 
     Raises:
-        ConnectorConfigError: a setting is unusable, or the hash block size is not the block
-            size (a chunk is one vLLM block).
+        ConnectorConfigError: a setting is unusable, the hash block size is not the block size
+            (a chunk is one vLLM block), or the engine has several KV cache groups or ranks.
     """
 
     def __init__(
@@ -331,6 +331,14 @@ class KvcastConnector(KVConnectorBase_V1):
             raise ConnectorConfigError(
                 f"vLLM hashes blocks of {hash_block} tokens but the KV blocks hold "
                 f"{self.block_size}; kvcast keys one chunk per block hash"
+            )
+        groups = len(kv_cache_config.kv_cache_groups)
+        parallel = vllm_config.parallel_config
+        if groups != 1 or parallel.tensor_parallel_size * parallel.pipeline_parallel_size != 1:
+            raise ConnectorConfigError(
+                f"kvcast handles one KV cache group on one worker; this engine has {groups} "
+                f"groups, tensor parallel {parallel.tensor_parallel_size} and pipeline parallel "
+                f"{parallel.pipeline_parallel_size} (each rank would need its own chunk keys)"
             )
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             _LOG.warning(

@@ -326,6 +326,7 @@ def test_allocation_puts_the_loads_into_the_blocks_vllm_allocated(model_dir: Pat
     eng.add("r", PROMPT)
     out = eng.scheduler.schedule()
     assert out.num_scheduled_tokens["r"] == len(PROMPT) - 3 * BS  # vLLM computes the rest
+    assert out.has_sync_kv_loads  # so the worker starts the load before the forward pass
     meta = meta_of(pickle.loads(pickle.dumps(out)))
     blocks = eng.blocks("r")
     assert [ld.key for ld in meta.loads] == keys[:3]
