@@ -287,13 +287,14 @@ class KvcastConnectorMetadata(KVConnectorMetadata):
 
 @dataclass(slots=True)
 class _Lookup:
+    """A request's last answer: the local hit it was asked after."""
+
     local_tokens: int
-    hit_blocks: int
 
 
 @dataclass(slots=True)
 class _LoadJob:
-    """One step's loads in the loader thread; ``failed`` holds engine block ids."""
+    """One step's loads in the loader thread: its requests and every engine block it writes."""
 
     req_ids: set[str]
     asynchronous: bool
@@ -423,7 +424,7 @@ class KvcastConnector(KVConnectorBase_V1):
         hit = first
         while hit < limit and self._held(tenant, wire_key(hashes[hit])):
             hit += 1
-        self._lookups[request.request_id] = _Lookup(num_computed_tokens, hit - first)
+        self._lookups[request.request_id] = _Lookup(num_computed_tokens)
         self._requests[request.request_id] = request
         if hit == first:
             return 0, False
