@@ -31,6 +31,7 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256_cbor  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -509,7 +510,26 @@ def test_two_requests_sharing_a_prefix_in_one_step_fetch_it_once(
     consumer.close()
 
 
-def test_the_agents_keyer_names_unsalted_blocks_as_vllm_does(model_dir: Path) -> None:
-    """The agent's ChunkKeyer (sha256_cbor) and vLLM 0.33's hasher agree on unsalted prompts."""
+def test_the_agents_keyer_names_blocks_as_vllms_hasher_does() -> None:
+    """The agent's ChunkKeyer (sha256_cbor) against vLLM 0.33's own block hasher."""
     seed = os.environ.get("PYTHONHASHSEED", "vllm-none-hash")  # vLLM's seed without the variable
     assert ChunkKeyer(BS, seed).wire_keys(PROMPT) == hashes(PROMPT)
+    salted = ChunkKeyer(BS, seed, cache_salt="tenant-b", tagged_extra_keys=True)
+    assert salted.wire_keys(PROMPT) == hashes(PROMPT, salt="tenant-b")
+    lora = LoRARequest("adapter", 1, "/models/adapter")
+    with_lora = Request(
+        "l",
+        PROMPT,
+        SamplingParams(max_tokens=1),
+        None,
+        lora_request=lora,
+        cache_salt="tenant-b",
+        block_hasher=get_request_block_hasher(BS, sha256_cbor),
+    )
+    keyer = ChunkKeyer(
+        BS, seed, "tenant-b", "adapter", tagged_extra_keys=True, lora_path="/models/adapter"
+    )
+    assert keyer.wire_keys(PROMPT) == [wire_key(h) for h in with_lora.block_hashes]
+    # Before 0.33 the salt was hashed bare: those keys name other chunks.
+    bare = ChunkKeyer(BS, seed, cache_salt="tenant-b")
+    assert bare.wire_keys(PROMPT)[0] != hashes(PROMPT, salt="tenant-b")[0]
