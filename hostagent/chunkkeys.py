@@ -15,6 +15,8 @@ block with the same bytes:
 * ``extra_keys`` is ``None`` unless the request has extra keys; kvcast supports the two that are
   not multimodal: the LoRA name (on every block) and the cache salt (first block only), in vLLM's
   order ``lora + mm + cache_salt + prompt_embeds``. A tenant's salt is vLLM's ``cache_salt``.
+  Up to vLLM 0.32 they are bare values (``"name"``, ``"salt"``); vLLM 0.33 tags each with its
+  source (``("lora", name, path)``, ``("cache_salt", salt)``): ``tagged_extra_keys=True``.
 
 The 64-bit wire key is the low 64 bits of the 32-byte digest read as a big-endian integer, i.e.
 digest bytes ``[24:32]`` in order, exactly as vLLM's ``maybe_convert_block_hash`` derives its
@@ -139,6 +141,9 @@ class ChunkKeyer:
             adds no extra key, as in vLLM.
         lora_name: the LoRA adapter name when the engine serves one (an extra key of every
             block in vLLM); ``None`` for the base model.
+        tagged_extra_keys: hash the extra keys as vLLM 0.33 does, tagged with their source
+            (``("cache_salt", salt)``, ``("lora", name, path)``); False: bare, as before 0.33.
+        lora_path: the LoRA adapter's path (part of the tagged LoRA key).
 
     Raises:
         ValueError: ``block_size`` is not positive.
@@ -150,6 +155,9 @@ class ChunkKeyer:
         hash_seed: str,
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        *,
+        tagged_extra_keys: bool = False,
+        lora_path: str = "",
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -157,6 +165,8 @@ class ChunkKeyer:
         self.hash_seed = hash_seed
         self.cache_salt = cache_salt
         self.lora_name = lora_name
+        self.tagged_extra_keys = tagged_extra_keys
+        self.lora_path = lora_path
         self.root = none_hash(hash_seed)
 
     @classmethod
@@ -197,13 +207,14 @@ class ChunkKeyer:
             block_index: block number within the sequence.
 
         Returns:
-            ``(lora_name?, cache_salt?)`` in vLLM's order, or ``None`` when empty.
+            ``(lora?, cache_salt?)`` in vLLM's order (bare or tagged), or ``None`` when empty.
         """
         keys: list[Any] = []
+        tagged = self.tagged_extra_keys
         if self.lora_name:
-            keys.append(self.lora_name)
+            keys.append(("lora", self.lora_name, self.lora_path) if tagged else self.lora_name)
         if block_index == 0 and self.cache_salt:
-            keys.append(self.cache_salt)
+            keys.append(("cache_salt", self.cache_salt) if tagged else self.cache_salt)
         return tuple(keys) if keys else None
 
     def digests(self, token_ids: Sequence[int]) -> list[bytes]:

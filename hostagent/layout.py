@@ -16,6 +16,13 @@ it is not one byte range. But in both backends the slice of one block of one lay
 layer of the chunk layout above. Moving a chunk into the engine is therefore one copy per layer
 (``scatter_to_paged``), and the chunk bytes are the same whichever attention backend runs.
 
+vLLM 0.33 standardized its per-layer views (RFC #42082) to ``[num_blocks, num_kv_heads,
+block_size, head_size + head_size_v]`` whatever the physical order (``"bhnc"``): a token's key
+and value of one head sit side by side in the last dimension. One block of one layer is then
+``kv[b]``, and moving a chunk is two strided copies per layer (keys ``kv[b, ..., :D]`` and values
+``kv[b, ..., D:]``, each transposed to the chunk's token-major order); the chunk bytes stay the
+same, so engines of either generation share chunks.
+
 Classes:
     KVLayout: model dimensions -> bytes per token, chunk bytes, fragment count, tensor views.
     LayoutError: dimensions or tensors that do not fit the layout or the wire format.
@@ -48,7 +55,7 @@ from kvcast import p4constants as c
 MAX_FRAGMENTS = 0xFFFF
 """``frag_idx`` and ``frag_count`` are 16-bit KVP fields (docs/protocol.md)."""
 
-PagedLayout = Literal["flash_attn", "flashinfer"]
+PagedLayout = Literal["flash_attn", "flashinfer", "bhnc"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -265,7 +272,7 @@ def _block_slot(kv_cache: torch.Tensor, block_id: int, paged: PagedLayout) -> to
         return kv_cache[:, block_id]
     if paged == "flashinfer":
         return kv_cache[block_id]
-    raise LayoutError(f"unknown paged layout {paged!r}; use 'flash_attn' or 'flashinfer'")
+    raise LayoutError(f"unknown paged layout {paged!r}; use 'flash_attn', 'flashinfer' or 'bhnc'")
 
 
 def _check_paged(layout: KVLayout, kv_caches: Sequence[torch.Tensor], paged: PagedLayout) -> None:
@@ -273,15 +280,25 @@ def _check_paged(layout: KVLayout, kv_caches: Sequence[torch.Tensor], paged: Pag
         raise LayoutError(
             f"{len(kv_caches)} per-layer KV tensors for a {layout.num_layers}-layer layout"
         )
-    want = (2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+    want: tuple[int, ...]
+    if paged == "bhnc":
+        want = (layout.num_kv_heads, layout.block_size, 2 * layout.head_dim)
+        dims = "[num_blocks, kv_heads, block_size, 2 x head_dim]"
+    else:
+        want = (2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        dims = f"blocks {want} (block dim {'1' if paged == 'flash_attn' else '0'})"
     for i, kv in enumerate(kv_caches):
         shape = tuple(kv.shape)
-        got = (shape[0], *shape[2:]) if paged == "flash_attn" else shape[1:]
-        if kv.dim() != 5 or got != want or kv.dtype != layout.dtype:
+        if paged == "bhnc":
+            got = shape[1:]
+            rank = 4
+        else:
+            got = (shape[0], *shape[2:]) if paged == "flash_attn" else shape[1:]
+            rank = 5
+        if kv.dim() != rank or got != want or kv.dtype != layout.dtype:
             raise LayoutError(
                 f"layer {i}: KV tensor {kv.dtype} {shape} does not match the {paged} layout of "
-                f"{layout.dtype} blocks {want} (block dim "
-                f"{'1' if paged == 'flash_attn' else '0'})"
+                f"{layout.dtype} {dims}"
             )
 
 
@@ -298,8 +315,9 @@ def scatter_to_paged(
     Args:
         layout: the chunk layout.
         chunk: the chunk's bytes (1-D uint8 tensor of ``layout.chunk_bytes``).
-        kv_caches: one tensor per layer, ``[2, num_blocks, B, H, D]`` (``"flash_attn"``) or
-            ``[num_blocks, 2, B, H, D]`` (``"flashinfer"``); may live on the GPU.
+        kv_caches: one tensor per layer, ``[2, num_blocks, B, H, D]`` (``"flash_attn"``),
+            ``[num_blocks, 2, B, H, D]`` (``"flashinfer"``) or ``[num_blocks, H, B, 2 x D]``
+            (``"bhnc"``, vLLM 0.33's standardized view); may live on the GPU.
         block_id: the engine's block to fill.
         paged: which of vLLM's paged layouts ``kv_caches`` use.
         non_blocking: let a pinned-host-to-GPU copy run asynchronously on the current CUDA
@@ -310,8 +328,14 @@ def scatter_to_paged(
     """
     _check_paged(layout, kv_caches, paged)
     src = layout.view(chunk)
+    d = layout.head_dim
     for layer, kv in enumerate(kv_caches):
-        _block_slot(kv, block_id, paged).copy_(src[layer], non_blocking=non_blocking)
+        if paged == "bhnc":  # [H, B, K|V] <- [2, B, H, D] per layer
+            slot = kv[block_id]
+            slot[..., :d].copy_(src[layer, 0].transpose(0, 1), non_blocking=non_blocking)
+            slot[..., d:].copy_(src[layer, 1].transpose(0, 1), non_blocking=non_blocking)
+        else:
+            _block_slot(kv, block_id, paged).copy_(src[layer], non_blocking=non_blocking)
 
 
 def gather_from_paged(
@@ -335,8 +359,14 @@ def gather_from_paged(
     """
     _check_paged(layout, kv_caches, paged)
     dst = layout.view(chunk)
+    d = layout.head_dim
     for layer, kv in enumerate(kv_caches):
-        dst[layer].copy_(_block_slot(kv, block_id, paged))
+        if paged == "bhnc":
+            slot = kv[block_id]
+            dst[layer, 0].copy_(slot[..., :d].transpose(0, 1))
+            dst[layer, 1].copy_(slot[..., d:].transpose(0, 1))
+        else:
+            dst[layer].copy_(_block_slot(kv, block_id, paged))
 
 
 def _check_kv(layout: KVLayout, name: str, tensors: Sequence[torch.Tensor], min_len: int) -> None:

@@ -208,13 +208,42 @@ class Producer:
                 f"{len(chunks)} chunks for a prompt of {len(ckeys)} full blocks of "
                 f"{self.layout.block_size} tokens (a partial block has no key)"
             )
+        return self.publish_keyed(ckeys, chunks)
+
+    def publish_keyed(
+        self, ckeys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], first: int = 0
+    ) -> PublishReport:
+        """Publishes packed chunks under keys the caller computed (e.g. the engine's own hashes).
+
+        A serving engine already holds each block's hash (vLLM's ``request.block_hashes``,
+        whatever its hash algorithm and extra keys); publishing under those keys lets the engine
+        find the chunks again by the same hashes.
+
+        Args:
+            ckeys: the keys of the prompt's full blocks from block 0 on (parents and positions of
+                the records come from them).
+            chunks: ``chunks[i]`` is block ``first + i``.
+            first: the block index of ``chunks[0]`` (the blocks before it are not offered).
+
+        Returns:
+            What was stored.
+
+        Raises:
+            ProducerError: the chunks run past the keys.
+            LayoutError: a chunk does not match the layout (nothing is stored then).
+        """
+        if first < 0 or first + len(chunks) > len(ckeys):
+            raise ProducerError(
+                f"chunks for blocks {first}..{first + len(chunks) - 1} of a prompt with "
+                f"{len(ckeys)} keyed blocks"
+            )
         for chunk in chunks:
             self.layout.check_chunk(chunk)
         start = time.monotonic()
         report = PublishReport(blocks=len(chunks))
         todo: list[tuple[ChunkKey, torch.Tensor]] = []
         self._pool_error = False
-        for ck, chunk in zip(ckeys, chunks, strict=False):
+        for ck, chunk in zip(ckeys[first:], chunks, strict=False):
             if self.skip_present and self._holds(ck.key):
                 report.present += 1
             else:

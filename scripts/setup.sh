@@ -2,6 +2,8 @@
 # Installs everything kvcast needs on a fresh Debian 12 machine: Debian packages (Mininet and the
 # libraries Mooncake Store loads) and a virtual environment in .venv built on Debian's python3,
 # with system site-packages so that Debian's mininet imports inside it.
+# Then vLLM 0.33.0 on the same CPU torch, for the KV connector (requirements-vllm.txt says how;
+# KVCAST_SKIP_VLLM=1 leaves it out, and its tests then skip).
 # Idempotent: a second run only checks. BMv2 and p4c are NOT installed here (they are optional;
 # see docs/bmv2.md); tests that need them skip with a reason.
 set -euo pipefail
@@ -41,5 +43,22 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     .venv/bin/pip install -e ".[dev]"
   } > .venv/pip.log 2>&1 || { tail -n 40 .venv/pip.log >&2; echo "setup: pip failed" >&2; exit 1; }
   touch "$stamp"
+fi
+vstamp=.venv/.kvcast-vllm-installed
+if [ "${KVCAST_SKIP_VLLM:-0}" != 1 ] &&
+   { [ ! -f "$vstamp" ] || [ requirements-vllm.txt -nt "$vstamp" ] || [ "$stamp" -nt "$vstamp" ]; }; then
+  echo "setup: installing vLLM on the CPU torch into .venv (log: .venv/pip-vllm.log)"
+  torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
+  mapfile -t nodeps < <(sed -n 's/^# NO-DEPS: //p' requirements-vllm.txt)
+  {
+    # vLLM's own requirements name a CUDA torch: the packages that do go in without theirs, the
+    # rest under a constraint that makes pip fail rather than replace the CPU torch.
+    echo "torch==$torch_version" > .venv/torch-constraint.txt &&
+    .venv/bin/pip install --no-deps "${nodeps[@]}" &&
+    .venv/bin/pip install -c .venv/torch-constraint.txt -r requirements-vllm.txt &&
+    .venv/bin/python -c "import sys, torch; sys.exit(torch.__version__ != '$torch_version')"
+  } > .venv/pip-vllm.log 2>&1 || {
+    tail -n 40 .venv/pip-vllm.log >&2; echo "setup: installing vLLM failed" >&2; exit 1; }
+  touch "$vstamp"
 fi
 echo "setup: ok ($(.venv/bin/python --version), data path: $(.venv/bin/python -c 'from kvcast.native import describe; print(describe())'))"

@@ -96,11 +96,16 @@ def test_dtype_names() -> None:
         dtype_from_name("int3")
 
 
-@pytest.mark.parametrize("paged", ["flash_attn", "flashinfer"])
+@pytest.mark.parametrize("paged", ["flash_attn", "flashinfer", "bhnc"])
 def test_scatter_then_gather_round_trips_through_vllm_paged_layout(paged: str) -> None:
     layout = KVLayout(3, 2, 4, torch.bfloat16, block_size=5)
     num_blocks = 6
-    shape = (2, num_blocks, 5, 2, 4) if paged == "flash_attn" else (num_blocks, 2, 5, 2, 4)
+    shapes = {
+        "flash_attn": (2, num_blocks, 5, 2, 4),
+        "flashinfer": (num_blocks, 2, 5, 2, 4),
+        "bhnc": (num_blocks, 2, 5, 8),
+    }
+    shape = shapes[paged]
     caches = [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(3)]
     src = layout.alloc_chunk(pin=False)
     layout.view(src).copy_(torch.randn(layout.shape))
@@ -119,6 +124,22 @@ def test_scatter_writes_layer_l_of_the_chunk_into_layer_l_block_b() -> None:
     scatter_to_paged(layout, src, caches, block_id=1)
     assert torch.equal(caches[1][:, 1], kv[1])
     assert caches[0][:, 0].abs().sum() == 0
+
+
+def test_bhnc_scatter_puts_keys_then_values_of_each_head_and_token_side_by_side() -> None:
+    layout = KVLayout(2, 2, 3, torch.float32, block_size=4)
+    caches = [torch.zeros((5, 2, 4, 6)) for _ in range(2)]  # vLLM 0.33: [B, H, N, K|V]
+    src = layout.alloc_chunk(pin=False)
+    kv = layout.view(src)  # [L, 2, N, H, D]
+    kv.copy_(torch.arange(kv.numel(), dtype=torch.float32).view(layout.shape))
+    scatter_to_paged(layout, src, caches, block_id=3, paged="bhnc")
+    for layer in range(2):
+        for head in range(2):
+            for tok in range(4):
+                cell = caches[layer][3, head, tok]
+                assert torch.equal(cell[:3], kv[layer, 0, tok, head])
+                assert torch.equal(cell[3:], kv[layer, 1, tok, head])
+    assert caches[0][2].abs().sum() == 0 and caches[1][4].abs().sum() == 0
 
 
 def test_scatter_refuses_caches_of_another_shape() -> None:

@@ -1,0 +1,723 @@
+"""kvcast as a vLLM KV connector: prefix KV from the switch (or the DRAM pool) into vLLM's cache.
+
+vLLM's v1 engine loads external KV through a ``KVConnectorBase_V1``; ``KvcastConnector`` is one,
+written for vLLM 0.33.0 (the connector API changes between releases), loaded with::
+
+    --kv-transfer-config '{"kv_connector": "KvcastConnector",
+        "kv_connector_module_path": "hostagent.vllm_connector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"service": "10.0.0.100:9999", "pool": "10.0.1.1:9999",
+                                      "mooncake": {"master_addr": "10.0.1.1:50051"}}}'
+
+A chunk is the KV of one full vLLM block; its key is the low 64 bits of vLLM's own block hash of
+that block (``request.block_hashes``, the hash prefix caching uses, chained over the prefix with
+the request's ``cache_salt`` in the first block), so every engine of a tenant names a prefix
+block the same way. The connector runs in two places:
+
+Scheduler side (``role == SCHEDULER``), per step:
+
+* ``get_num_new_matched_tokens`` asks the pool which of the request's blocks after the local
+  prefix-cache hit it holds (an existence check, no KV moves) and answers the longest run as
+  tokens to load, leaving at least one prompt token to compute. The switch caches only chunks
+  the control plane loaded from the pool, so the pool's answer covers the switch's too.
+* ``update_state_after_alloc`` records which vLLM block ids the loaded blocks go to.
+* ``build_connector_meta`` hands the worker one ``ChunkLoad`` per distinct chunk of the step:
+  requests of one step that share a prefix share its fetches (one fetch, copied into every
+  request's block); and one ``ChunkSave`` per request whose prompt blocks became full in the step
+  and are not yet known to be in the pool.
+
+Worker side (``role == WORKER``):
+
+* ``register_kv_caches`` takes vLLM 0.33's per-layer views ``[num_blocks, kv_heads, block_size,
+  2 x head_dim]`` and derives the chunk layout from them.
+* ``start_load_kv`` hands the step's loads to a loader thread, which fetches each chunk with the
+  host agent's ``FetchClient`` (switch first, the pool behind it, the pool directly last; every
+  fragment CRC-checked) and copies it into every destination block of every layer.
+* ``wait_for_layer_load`` waits for a synchronous load (one chunk holds every layer, so the first
+  layer waits for all); with ``load_async`` the engine goes on and ``get_finished`` reports the
+  requests whose loads ended.
+* A chunk that does not arrive complete and verified is never reported as loaded: its blocks, and
+  every later block of the same request, are returned by ``get_block_ids_with_load_errors`` and
+  vLLM recomputes from the first of them (``kv_load_failure_policy: recompute``).
+* ``wait_for_save`` copies the step's newly full prompt blocks out of the KV cache and publishes
+  them through the producer path (``Producer.publish_keyed``: one batched put of the chunks the
+  pool lacks, ``"stored"`` records to the controller).
+
+Classes:
+    ConnectorConfig: the connector's settings, from ``kv_connector_extra_config``.
+    ChunkLoad: one chunk to fetch and the engine blocks it goes to.
+    ChunkSave: one request's newly full blocks to publish.
+    KvcastConnectorMetadata: what the scheduler side hands the worker side each step.
+    KvcastConnector: the connector.
+    ConnectorConfigError: a setting the connector cannot use.
+
+Functions:
+    load_object: ``"package.module:attribute"`` -> the attribute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from hostagent.chunkkeys import ChunkKey, ChunkKeyer, wire_key
+from hostagent.fetch import FetchClient, FetchReport
+from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
+from hostagent.producer import Producer
+from hostagent.reports import HttpReporter, ReportSink
+from poolnode.backend import PoolBackend, PoolBackendError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = [
+    "ChunkLoad",
+    "ChunkSave",
+    "ConnectorConfig",
+    "ConnectorConfigError",
+    "KvcastConnector",
+    "KvcastConnectorMetadata",
+    "load_object",
+]
+
+_LOG = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+
+class ConnectorConfigError(ValueError):
+    """A ``kv_connector_extra_config`` setting the connector cannot use; the message names it."""
+
+
+def load_object(path: str) -> Any:
+    """Imports ``"package.module:attribute"`` and returns the attribute.
+
+    Raises:
+        ConnectorConfigError: not of that form, or the module or attribute does not exist.
+    """
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        raise ConnectorConfigError(f"{path!r} is not 'package.module:attribute'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConnectorConfigError(f"cannot load {path!r}: {exc}") from None
+
+
+def _address(value: Any, name: str) -> Address | None:
+    if value is None:
+        return None
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConnectorConfigError(f"{name}: {value!r} is not 'host:port'")
+    return host, int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    """The connector's settings (``kv_connector_extra_config``).
+
+    Attributes:
+        service: the switch VIP ``(host, port)`` GETs go to first (``"service": "host:port"``).
+        pool: a pool node asked directly when the service path fails (``"pool"``).
+        tenant: the wire tenant id of requests without a ``cache_salt`` (``"tenant"``).
+        tenants: wire tenant id per ``cache_salt`` (``"tenants": {"salt": id}``); a salt not
+            listed uses ``tenant`` (the salt is hashed into the keys either way).
+        pool_backend: ``"mooncake"`` (Mooncake Store, settings in ``"mooncake"``) or
+            ``"package.module:factory"``, called with the extra config, returning a
+            ``PoolBackend``: the scheduler asks it which chunks exist, the worker puts into it.
+        mooncake: keyword arguments of ``poolnode.mooncake.MooncakeBackend``.
+        report_url: the controller's report API (``http://host:port``); None: no reports.
+        reporter: ``"package.module:factory"`` returning a ``ReportSink`` (overrides
+            ``report_url``).
+        host: this engine's name in reports; default: the hostname.
+        load_async: load between engine steps (the request waits in vLLM's
+            ``WAITING_FOR_REMOTE_KVS``) instead of within the step that needs the KV.
+        save: publish newly computed prompt blocks (only when the role produces KV).
+        fetch: keyword arguments of ``FetchClient`` (``timeout_s``, ``deadline_s``, ``window``,
+            ``max_retries``, ``frags_per_get``, ``nocache``, ``group``).
+    """
+
+    service: Address | None = None
+    pool: Address | None = None
+    tenant: int = 0
+    tenants: Mapping[str, int] = field(default_factory=dict)
+    pool_backend: str = "mooncake"
+    mooncake: Mapping[str, Any] = field(default_factory=dict)
+    report_url: str | None = None
+    reporter: str | None = None
+    host: str = ""
+    load_async: bool = False
+    save: bool = True
+    fetch: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
+        """The settings from ``kv_connector_extra_config``.
+
+        Raises:
+            ConnectorConfigError: an unknown key, a bad address or tenant id, neither address.
+        """
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ConnectorConfigError(
+                f"unknown kvcast setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )
+        tenants = {str(k): int(v) for k, v in dict(extra.get("tenants") or {}).items()}
+        tenant = int(extra.get("tenant", 0))
+        for name, tid in [("tenant", tenant), *tenants.items()]:
+            if not 0 <= tid <= 0xFFFF:
+                raise ConnectorConfigError(f"tenant id {tid} of {name!r} is not 16-bit")
+        cfg = cls(
+            service=_address(extra.get("service"), "service"),
+            pool=_address(extra.get("pool"), "pool"),
+            tenant=tenant,
+            tenants=tenants,
+            pool_backend=str(extra.get("pool_backend", "mooncake")),
+            mooncake=dict(extra.get("mooncake") or {}),
+            report_url=extra.get("report_url"),
+            reporter=extra.get("reporter"),
+            host=str(extra.get("host") or socket.gethostname()),
+            load_async=bool(extra.get("load_async", False)),
+            save=bool(extra.get("save", True)),
+            fetch=dict(extra.get("fetch") or {}),
+        )
+        if cfg.service is None and cfg.pool is None:
+            raise ConnectorConfigError(
+                "kvcast needs 'service' (the switch VIP, host:port), 'pool' (a pool node) or both"
+            )
+        return cfg
+
+    def tenant_of(self, cache_salt: str | None) -> int:
+        """The wire tenant id of a request with this ``cache_salt``."""
+        if cache_salt:
+            return self.tenants.get(cache_salt, self.tenant)
+        return self.tenant
+
+
+def _pool_backend(cfg: ConnectorConfig, extra: Mapping[str, Any]) -> PoolBackend:
+    if cfg.pool_backend == "mooncake":
+        from poolnode.mooncake import MooncakeBackend
+
+        return MooncakeBackend(**dict(cfg.mooncake))
+    factory: Callable[[Mapping[str, Any]], PoolBackend] = load_object(cfg.pool_backend)
+    return factory(extra)
+
+
+def _reporter(cfg: ConnectorConfig, extra: Mapping[str, Any]) -> ReportSink | None:
+    if cfg.reporter:
+        factory: Callable[[Mapping[str, Any]], ReportSink] = load_object(cfg.reporter)
+        return factory(extra)
+    return HttpReporter(cfg.report_url) if cfg.report_url else None
+
+
+# ------------------------------------------------------------------------------ metadata
+@dataclass(slots=True)
+class ChunkLoad:
+    """One chunk to fetch, and the engine blocks it goes to.
+
+    Attributes:
+        tenant: wire tenant id.
+        key: chunk key (low 64 bits of vLLM's block hash).
+        parent: key of the previous block of the prefix (for the access report).
+        position: the block's index in its prefix.
+        targets: ``(request id, engine block id)`` for every request of the step that needs it.
+    """
+
+    tenant: int
+    key: int
+    parent: int | None
+    position: int
+    targets: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ChunkSave:
+    """One request's prompt blocks that became full this step, to publish.
+
+    Attributes:
+        req_id: the request.
+        tenant: wire tenant id.
+        digests: vLLM's block hashes of blocks ``0 .. first + len(block_ids) - 1``.
+        first: index of the first block to publish.
+        block_ids: engine block ids of blocks ``first ..``.
+    """
+
+    req_id: str
+    tenant: int
+    digests: list[bytes]
+    first: int
+    block_ids: list[int]
+
+
+@dataclass
+class KvcastConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler side hands the worker side for one step.
+
+    Attributes:
+        loads: one entry per distinct chunk to fetch, in prefix order.
+        load_reqs: the requests whose loads this step carries.
+        saves: prompt blocks to publish after the step's forward pass.
+    """
+
+    loads: list[ChunkLoad] = field(default_factory=list)
+    load_reqs: list[str] = field(default_factory=list)
+    saves: list[ChunkSave] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Lookup:
+    """A request's last answer: the local hit it was asked after."""
+
+    local_tokens: int
+
+
+@dataclass(slots=True)
+class _LoadJob:
+    """One step's loads in the loader thread: its requests and every engine block it writes."""
+
+    req_ids: set[str]
+    asynchronous: bool
+    blocks: set[int]
+    future: Future[set[int]] | None = None
+
+
+# ------------------------------------------------------------------------------ connector
+class KvcastConnector(KVConnectorBase_V1):
+    """vLLM KV connector that loads prefix KV through kvcast and publishes computed KV.
+
+    Args:
+        vllm_config: the engine's configuration (``kv_transfer_config`` holds kvcast's
+            settings in ``kv_connector_extra_config``; see ``ConnectorConfig``).
+        role: scheduler or worker side.
+        kv_cache_config: the engine's KV cache configuration.
+
+    Raises:
+        ConnectorConfigError: a setting is unusable, the hash block size is not the block size
+            (a chunk is one vLLM block), or the engine has several KV cache groups or ranks.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config)
+        self.config = ConnectorConfig.from_extra(extra)
+        self.block_size = int(vllm_config.cache_config.block_size)
+        hash_block = getattr(kv_cache_config, "hash_block_size", None)
+        if hash_block not in (None, self.block_size):
+            raise ConnectorConfigError(
+                f"vLLM hashes blocks of {hash_block} tokens but the KV blocks hold "
+                f"{self.block_size}; kvcast keys one chunk per block hash"
+            )
+        groups = len(kv_cache_config.kv_cache_groups)
+        parallel = vllm_config.parallel_config
+        if groups != 1 or parallel.tensor_parallel_size * parallel.pipeline_parallel_size != 1:
+            raise ConnectorConfigError(
+                f"kvcast handles one KV cache group on one worker; this engine has {groups} "
+                f"groups, tensor parallel {parallel.tensor_parallel_size} and pipeline parallel "
+                f"{parallel.pipeline_parallel_size} (each rank would need its own chunk keys)"
+            )
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            _LOG.warning(
+                "kv_load_failure_policy is %r: a chunk kvcast cannot fetch fails the request; "
+                "set it to 'recompute' to prefill such blocks instead",
+                self._kv_transfer_config.kv_load_failure_policy,
+            )
+        self._extra = extra
+        self._save = self.config.save and bool(self._kv_transfer_config.is_kv_producer)
+        self._backend: PoolBackend | None = None
+        self._backend_lock = threading.Lock()
+        # scheduler side
+        self._lookups: dict[str, _Lookup] = {}
+        self._requests: dict[str, Request] = {}
+        self._pending: dict[str, list[tuple[int, int]]] = {}
+        self._known_upto: dict[str, int] = {}
+        # worker side
+        self._reporter: ReportSink | None = None
+        self._client: FetchClient | None = None
+        self._layout: KVLayout | None = None
+        self._caches: list[torch.Tensor] = []
+        self._paged: PagedLayout = "bhnc"
+        self._producers: dict[int, Producer] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._sync_job: _LoadJob | None = None
+        self._async_jobs: list[_LoadJob] = []
+        self._load_errors: set[int] = set()
+        self.last_reports: list[FetchReport] = []
+        """The fetch reports of the last finished load job (for logs and tests)."""
+        if role == KVConnectorRole.WORKER:
+            self._reporter = _reporter(self.config, extra)
+
+    # -------------------------------------------------------------- shared
+    @property
+    def backend(self) -> PoolBackend:
+        """The DRAM pool client (made on first use)."""
+        with self._backend_lock:
+            if self._backend is None:
+                self._backend = _pool_backend(self.config, self._extra)
+            return self._backend
+
+    def shutdown(self) -> None:
+        """Waits for the loader thread, closes the fetch client, the reporter and the pool."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._reporter is not None:
+            self._reporter.close()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    # -------------------------------------------------------------- scheduler side
+    def _held(self, tenant: int, key: int) -> bool:
+        try:
+            return self.backend.contains(tenant, key)
+        except PoolBackendError as exc:
+            _LOG.info("kvcast: pool existence check of %#x failed: %s", key, exc)
+            return False
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Tokens after the local hit whose blocks the pool (and so maybe the switch) holds.
+
+        Args:
+            request: the request (its ``block_hashes`` and ``cache_salt`` are used).
+            num_computed_tokens: tokens the engine's own prefix cache holds (block-aligned).
+
+        Returns:
+            ``(tokens to load, load asynchronously)``; ``(0, False)`` when none.
+        """
+        bs = self.block_size
+        hashes = request.block_hashes
+        # At least one prompt token must be computed: vLLM needs its logits.
+        limit = min(len(hashes), (request.num_tokens - 1) // bs)
+        first = num_computed_tokens // bs
+        tenant = self.config.tenant_of(request.cache_salt)
+        hit = first
+        while hit < limit and self._held(tenant, wire_key(hashes[hit])):
+            hit += 1
+        self._lookups[request.request_id] = _Lookup(num_computed_tokens)
+        self._requests[request.request_id] = request
+        if hit == first:
+            return 0, False
+        return hit * bs - num_computed_tokens, self.config.load_async
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Records which engine blocks the request's loaded chunks go to.
+
+        Args:
+            request: the request.
+            blocks: every block the request holds now.
+            num_external_tokens: tokens to load (0: nothing).
+        """
+        req_id = request.request_id
+        self._requests[req_id] = request
+        lookup = self._lookups.pop(req_id, None)
+        if lookup is None:
+            return
+        bs = self.block_size
+        first = lookup.local_tokens // bs
+        end = (lookup.local_tokens + num_external_tokens) // bs
+        self._known_upto[req_id] = max(self._known_upto.get(req_id, 0), end)
+        if num_external_tokens <= 0:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        self._pending[req_id] = [(i, block_ids[i]) for i in range(first, end)]
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvcastConnectorMetadata:
+        """The step's loads (one per distinct chunk) and saves; resets the pending loads.
+
+        Args:
+            scheduler_output: the step's schedule.
+
+        Returns:
+            The metadata for the worker side.
+        """
+        meta = KvcastConnectorMetadata()
+        by_chunk: dict[tuple[int, int], ChunkLoad] = {}
+        for req_id, items in self._pending.items():
+            request = self._requests[req_id]
+            tenant = self.config.tenant_of(request.cache_salt)
+            hashes = request.block_hashes
+            for position, block_id in items:
+                key = wire_key(hashes[position])
+                load = by_chunk.get((tenant, key))
+                if load is None:
+                    parent = wire_key(hashes[position - 1]) if position > 0 else None
+                    load = by_chunk[(tenant, key)] = ChunkLoad(tenant, key, parent, position)
+                load.targets.append((req_id, block_id))
+            meta.load_reqs.append(req_id)
+        meta.loads = sorted(by_chunk.values(), key=lambda ld: ld.position)
+        self._pending.clear()
+        if self._save:
+            meta.saves = self._saves(scheduler_output)
+        return meta
+
+    def _saves(self, scheduler_output: SchedulerOutput) -> list[ChunkSave]:
+        """Prompt blocks that become full in this step and are not known to be in the pool."""
+        out: list[ChunkSave] = []
+        if self._kv_cache_manager is None:
+            return out
+        bs = self.block_size
+        cached = scheduler_output.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        for new in scheduler_output.scheduled_new_reqs:
+            computed[new.req_id] = new.num_computed_tokens
+        for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
+            request = self._requests.get(req_id)
+            if request is None or req_id not in computed:
+                continue
+            upto = min(computed[req_id] + scheduled, request.num_prompt_tokens)
+            end = min(upto // bs, len(request.block_hashes))
+            first = self._known_upto.get(req_id, 0)
+            if end <= first:
+                continue
+            block_ids = self._kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
+            out.append(
+                ChunkSave(
+                    req_id,
+                    self.config.tenant_of(request.cache_salt),
+                    [bytes(h) for h in request.block_hashes[:end]],
+                    first,
+                    list(block_ids[first:end]),
+                )
+            )
+            self._known_upto[req_id] = end
+        return out
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Forgets the request; its blocks can be freed at once (saves are synchronous)."""
+        req_id = request.request_id
+        for table in (self._lookups, self._requests, self._pending, self._known_upto):
+            table.pop(req_id, None)
+        return False, None
+
+    # -------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Takes the per-layer KV views and derives the chunk layout from them.
+
+        Args:
+            kv_caches: layer name -> ``[num_blocks, kv_heads, block_size, 2 x head_dim]``
+                (vLLM 0.33's standardized view), in layer order.
+
+        Raises:
+            ConnectorConfigError: a view of another shape, or layers that differ.
+        """
+        caches = list(kv_caches.values())
+        if not caches:
+            raise ConnectorConfigError("no KV cache layers registered")
+        first = caches[0]
+        if first.dim() != 4 or first.shape[3] % 2:
+            raise ConnectorConfigError(
+                f"KV view {tuple(first.shape)} is not [num_blocks, kv_heads, block_size, "
+                "2 x head_dim] (vLLM 0.33's per-layer view)"
+            )
+        _, heads, block, content = (int(d) for d in first.shape)
+        if block != self.block_size:
+            raise ConnectorConfigError(f"KV view blocks of {block} tokens, not {self.block_size}")
+        for name, kv in kv_caches.items():
+            if kv.shape != first.shape or kv.dtype != first.dtype:
+                raise ConnectorConfigError(f"layer {name}: {kv.dtype} {tuple(kv.shape)} differs")
+        self._caches = caches
+        self._layout = KVLayout(len(caches), heads, content // 2, first.dtype, block)
+
+    @property
+    def layout(self) -> KVLayout:
+        """The chunk layout of the registered KV caches."""
+        if self._layout is None:
+            raise ConnectorConfigError("no KV caches registered yet (register_kv_caches)")
+        return self._layout
+
+    def fetch_client(self) -> FetchClient:
+        """The worker's fetch client (made on first use; one fetch at a time, from the loader)."""
+        if self._client is None:
+            self._client = FetchClient(
+                self.config.service,
+                self.config.pool,
+                reporter=self._reporter,
+                report_host=self.config.host,
+                **dict(self.config.fetch),
+            )
+        return self._client
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Hands the step's chunk loads to the loader thread.
+
+        Args:
+            forward_context: the step's forward context (unused: the caches are registered).
+            **kwargs: unused.
+        """
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcastConnectorMetadata)
+        if not meta.loads:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="kvcast-load")
+        blocks = {b for load in meta.loads for _, b in load.targets}
+        job = _LoadJob(set(meta.load_reqs), self.config.load_async, blocks)
+        job.future = self._executor.submit(self._load, list(meta.loads))
+        if job.asynchronous:
+            self._async_jobs.append(job)
+        else:
+            self._sync_job = job
+
+    def _load(self, loads: Sequence[ChunkLoad]) -> set[int]:
+        """Fetches every chunk once and copies it into its blocks; returns the failed blocks.
+
+        A chunk that does not end complete (every fragment present and CRC-checked) fails its
+        blocks and every later block of the requests that needed it: a block's KV depends on
+        every token before it, so vLLM must recompute from the first block it lacks.
+        """
+        layout = self.layout
+        client = self.fetch_client()
+        buf = layout.alloc_chunk()
+        failed_reqs: set[str] = set()
+        failed: set[int] = set()
+        reports: list[FetchReport] = []
+        for load in loads:
+            live = [(r, b) for r, b in load.targets if r not in failed_reqs]
+            failed.update(b for r, b in load.targets if r in failed_reqs)
+            if not live:
+                continue
+            try:
+                report = client.fetch_block(
+                    load.tenant, load.key, layout, buf, parent=load.parent, position=load.position
+                )
+            except Exception:  # a load must end in blocks loaded or blocks to recompute
+                _LOG.exception("kvcast: fetch of chunk %#x raised", load.key)
+                report = None
+            if report is not None:
+                reports.append(report)
+            if report is None or not report.ok:
+                failed_reqs.update(r for r, _ in live)
+                failed.update(b for _, b in live)
+                continue
+            for _, block_id in live:
+                scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
+        self.last_reports = reports
+        return failed
+
+    def _finish(self, job: _LoadJob) -> None:
+        assert job.future is not None
+        try:
+            self._load_errors |= job.future.result()
+        except Exception:  # the thread died: nothing it touched counts as loaded
+            _LOG.exception("kvcast: load job failed")
+            self._load_errors |= job.blocks
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Waits for the step's synchronous load (a chunk holds every layer: the first waits)."""
+        job, self._sync_job = self._sync_job, None
+        if job is not None:
+            self._finish(job)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Requests whose asynchronous loads ended (their failed blocks are reported too).
+
+        Args:
+            finished_req_ids: requests the engine finished (saves are synchronous: none wait).
+
+        Returns:
+            ``(None, finished loading)``.
+        """
+        self.wait_for_layer_load("")  # a step without attention layers still ends its load
+        done: set[str] = set()
+        pending: list[_LoadJob] = []
+        for job in self._async_jobs:
+            assert job.future is not None
+            if job.future.done():
+                self._finish(job)
+                done |= job.req_ids
+            else:
+                pending.append(job)
+        self._async_jobs = pending
+        return None, done or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Engine blocks whose chunk was not loaded: vLLM recomputes from them on."""
+        self.wait_for_layer_load("")
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        """Nothing per layer: a chunk holds every layer, so ``wait_for_save`` publishes it."""
+
+    def wait_for_save(self) -> None:
+        """Publishes the step's newly full prompt blocks into the pool and reports them."""
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcastConnectorMetadata)
+        if not meta.saves or self._layout is None:
+            return
+        layout = self._layout
+        for save in meta.saves:
+            ckeys = [
+                ChunkKey(i, d, wire_key(d), i * layout.block_size, (i + 1) * layout.block_size)
+                for i, d in enumerate(save.digests)
+            ]
+            chunks = []
+            for block_id in save.block_ids:
+                chunk = layout.alloc_chunk()
+                gather_from_paged(layout, self._caches, block_id, chunk, self._paged)
+                chunks.append(chunk)
+            report = self._producer(save.tenant).publish_keyed(ckeys, chunks, save.first)
+            if not report.ok:
+                _LOG.info(
+                    "kvcast: %d chunks of %s not published: %s",
+                    report.failed,
+                    save.req_id,
+                    report.error,
+                )
+
+    def _producer(self, tenant: int) -> Producer:
+        producer = self._producers.get(tenant)
+        if producer is None:
+            # Keys come from vLLM (publish_keyed); the keyer only fixes the block size.
+            keyer = ChunkKeyer(self.layout.block_size, "unused")
+            producer = Producer(
+                self.backend,
+                self.layout,
+                keyer,
+                tenant,
+                reporter=self._reporter,
+                host=self.config.host,
+            )
+            self._producers[tenant] = producer
+        return producer
