@@ -6,7 +6,7 @@ written for vLLM 0.33.0 (the connector API changes between releases), loaded wit
     --kv-transfer-config '{"kv_connector": "KvcastConnector",
         "kv_connector_module_path": "hostagent.vllm_connector", "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"service": "10.0.0.100:9999", "pool": "10.0.1.1:9999",
+        "kv_connector_extra_config": {"service": "10.0.0.100:19286", "pool": "10.0.1.1:19286",
                                       "mooncake": {"master_addr": "10.0.1.1:50051"}}}'
 
 A chunk is the KV of one full vLLM block; its key is the low 64 bits of vLLM's own block hash of
