@@ -392,11 +392,17 @@ def measure_mooncake(
             view = dst.numpy().data
             mc_s: list[float] = []
             kvp_s: list[float] = []
+            lone_s: list[float] = []
+            lone_paths: set[str] = set()
+            kwargs: dict[str, Any] = {
+                "timeout_s": 0.05, "max_timeout_s": 0.5, "mtu": mtu,
+                "frags_per_get": frags_per_get, "socket_buffer_bytes": 16 << 20,
+            }  # fmt: skip
             try:
-                with FetchClient(
-                    ("127.0.0.1", port), timeout_s=0.05, max_timeout_s=0.5, mtu=mtu,
-                    frags_per_get=frags_per_get, socket_buffer_bytes=16 << 20,
-                ) as cl:  # fmt: skip
+                with (
+                    FetchClient(("127.0.0.1", port), **kwargs) as cl,
+                    FetchClient(("127.0.0.1", port), direct=reader, window=1, **kwargs) as lone,
+                ):
                     for i in range(-warmup, rounds):  # warm-up: handshakes, caches
                         dst.zero_()
                         t0 = time.perf_counter()
@@ -408,14 +414,24 @@ def measure_mooncake(
                         report = cl.fetch(TENANT, KEY, dst, nbytes)
                         if not report.ok or dst.numpy().tobytes() != data:
                             raise RuntimeError(f"KVP loopback fetch failed: {report}")
+                        dst.zero_()
+                        # A lone miss: the agent sees the pool answer and reads the rest
+                        # through Mooncake (one GET in flight, so the first answer is not
+                        # already the whole chunk).
+                        solo = lone.fetch(TENANT, KEY, dst, nbytes)
+                        if not solo.ok or dst.numpy().tobytes() != data:
+                            raise RuntimeError(f"lone-miss fetch failed: {solo}")
                         if i >= 0:
                             mc_s.append(t1 - t0)
                             kvp_s.append(report.duration_s)
+                            lone_s.append(solo.duration_s)
+                            lone_paths.add(solo.path)
             finally:
                 reader.close()
-    mc, kvp = statistics.median(mc_s), statistics.median(kvp_s)
+    mc, kvp, solo_s = statistics.median(mc_s), statistics.median(kvp_s), statistics.median(lone_s)
     return {"get_into_MBps": nbytes / mc / 1e6, "kvp_MBps": nbytes / kvp / 1e6,
-            "get_into_ms": mc * 1e3, "kvp_ms": kvp * 1e3}  # fmt: skip
+            "get_into_ms": mc * 1e3, "kvp_ms": kvp * 1e3, "lone_MBps": nbytes / solo_s / 1e6,
+            "lone_direct": float(lone_paths == {"direct"})}  # fmt: skip
 
 
 def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
@@ -701,6 +717,8 @@ def run(quick: bool = False) -> list[str]:
             frags_per_get=LOOPBACK_FRAGS_PER_GET, data_path=data_path,
             get_into_MBps=mc["get_into_MBps"], kvp_loopback_MBps=mc["kvp_MBps"],
             ratio=mc["kvp_MBps"] / mc["get_into_MBps"],
+            lone_miss_MBps=mc["lone_MBps"], lone_ratio=mc["lone_MBps"] / mc["get_into_MBps"],
+            lone_path="direct" if mc["lone_direct"] else "mixed",
             ratio_to_kvp=mc["get_into_MBps"] / mc["kvp_MBps"],
             ratio_to_kvp_refswitch=(
                 mc["get_into_MBps"] / kvp_switch if kvp_switch and size == nbytes else "n/a"

@@ -62,6 +62,7 @@ from hostagent.reports import ReportSink, entry_from_fetch
 from kvcast import p4constants as c
 from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, chunk_crc_seed
+from poolnode.backend import PoolBackend
 from poolnode.server import DEFAULT_MTU, frags_per_data
 
 Address = tuple[str, int]
@@ -152,6 +153,10 @@ class FetchReport:
         rto_s: the retransmission timeout the fetch ended with.
         mac_verified: whether the chunk's keyed MAC was fetched and matched (False when the
             tenant has no key).
+        path: where the bytes came from: ``switch`` (most fragments from switch SRAM),
+            ``pool`` (KVP from a pool node), ``direct`` (the pool's own transfer engine, for a
+            lone miss), or ``none``.
+        direct_bytes: bytes read through the direct reader.
     """
 
     outcome: FetchOutcome = FetchOutcome.RECOMPUTE
@@ -179,6 +184,8 @@ class FetchReport:
     srtt_s: float = 0.0
     rto_s: float = 0.0
     mac_verified: bool = False
+    path: str = "none"
+    direct_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -231,6 +238,9 @@ class _State:
     get_group: int = 0
     follower: bool = False
     listening: bool = False
+    want_direct: bool = False
+    """A pool answered one of this unicast fetch's GETs: the switch does not hold the chunk."""
+    direct_done: bool = False
     stall_s: float = 0.0
     last_progress: float = 0.0
     scan: int = 0
@@ -288,6 +298,11 @@ class FetchClient:
         report_host: this host's name (or id) in the records; default: the hostname.
         mac_keys: tenant -> secret (hostagent.integrity): a chunk of such a tenant is complete
             only once its keyed MAC, fetched after the last fragment, matches its bytes.
+        direct: the pool's own client (a ``PoolBackend``: Mooncake's transfer engine in
+            deployment) for lone misses: once a pool answers a unicast fetch's GET (so the
+            switch does not hold the chunk and no group shares the fetch), the rest of the chunk
+            is read with ``direct.get_into``, the path a user would otherwise take; if that
+            fails the KVP fetch goes on. None: KVP only.
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -312,6 +327,7 @@ class FetchClient:
         reporter: ReportSink | None = None,
         report_host: str | int | None = None,
         mac_keys: Mapping[int, bytes] | None = None,
+        direct: PoolBackend | None = None,
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -335,6 +351,7 @@ class FetchClient:
         self.reporter = reporter
         self.report_host = socket.gethostname() if report_host is None else report_host
         self.mac_keys = check_keys(mac_keys or {})
+        self.direct = direct
         self._mac_buf = torch.zeros(MAC_BYTES, dtype=torch.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
         # Senders the unconnected socket takes datagrams from besides any KVP service port: the
@@ -598,6 +615,8 @@ class FetchClient:
             report.reason = give_up.reason
         report.duration_s = time.monotonic() - start
         report.srtt_s, report.rto_s = st.srtt, st.rto
+        if report.path == "none" and report.outcome is FetchOutcome.COMPLETE:
+            report.path = "switch" if report.frags_hit * 2 >= report.frag_count else "pool"
         if self.reporter is not None:
             try:
                 entry = entry_from_fetch(report, self.report_host, parent=parent, position=position)
@@ -647,6 +666,9 @@ class FetchClient:
                     self._expire(st, now)
                 self._send(st, now)
                 wake = st.next_check if st.inflight else now + self.timeout_s
+            if st.want_direct:
+                self._read_direct(st)
+                continue
             for fd, _ in poll(max(0.0, min(wake, deadline) - now) * 1e3):
                 sock = socks[fd]
                 if self._native is not None:
@@ -779,6 +801,29 @@ class FetchClient:
         st.tries = bytearray(st.n)
         st.scan = 0
 
+    def _read_direct(self, st: _State) -> None:
+        """Reads the whole chunk through the pool's own client; on failure, KVP goes on."""
+        st.want_direct = False
+        direct = self.direct
+        assert direct is not None
+        self.direct = None  # once per fetch (restored by _finish)
+        st.report.path = "direct"
+        try:
+            n = direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
+        except Exception as exc:  # any failure of the other path leaves the KVP fetch running
+            _LOG.info("direct read of chunk %#x failed, KVP goes on: %s", st.key, exc)
+            n = None
+        finally:
+            self.direct = direct
+            st.direct_done = True
+        if n != st.nbytes:
+            st.report.path = "none"
+            return
+        st.report.direct_bytes = n
+        st.frag[:] = _PRESENT_BYTE * st.n
+        st.missing = 0
+        st.inflight.clear()
+
     def _drain_native(self, st: _State, fd: int, check_src: bool) -> None:
         """Receives what ``fd`` holds through kvcast._native (the same checks as ``_receive``).
 
@@ -843,6 +888,8 @@ class FetchClient:
                     report.frags_hit += new
                 else:
                     report.frags_pool += new
+                    if ours and self.direct is not None and not st.direct_done:
+                        st.want_direct = st.get_group == 0 and not st.follower
                 if not ours:
                     report.frags_stream += new
                 elif st.follower:
@@ -931,6 +978,8 @@ class FetchClient:
                 report.frags_hit += new
             else:
                 report.frags_pool += new
+                if path is not None and self.direct is not None and not st.direct_done:
+                    st.want_direct = st.get_group == 0 and not st.follower
             if path is None:
                 report.frags_stream += new
             elif st.follower:

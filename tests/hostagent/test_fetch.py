@@ -411,3 +411,59 @@ def test_the_get_timeout_follows_measured_round_trips(backend: InMemoryBackend) 
     # Before the timeout followed round trips this fetch ended RECOMPUTE (no answer in time).
     assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
     assert report.srtt_s > 0.05 and report.rto_s > report.srtt_s
+
+
+# ------------------------------------------------------------------ lone misses, direct reads
+class _Reader(InMemoryBackend):
+    """The pool's own client (Mooncake's in deployment): counts reads, can fail."""
+
+    def __init__(self, backend: InMemoryBackend, fail: bool = False) -> None:
+        super().__init__()
+        self.inner, self.fail, self.reads = backend, fail, 0
+
+    def get_into(self, tenant: int, key: int, dst: memoryview) -> int | None:
+        self.reads += 1
+        if self.fail:
+            raise ConnectionError("master gone")
+        return self.inner.get_into(tenant, key, dst)
+
+
+def _direct_client(service: Address, reader: _Reader, group: int = 0) -> FetchClient:
+    # A small window: the first answers cannot already be the whole chunk.
+    return FetchClient(service, direct=reader, group=group, frags_per_get=1, window=2, **STEADY)
+
+
+def test_a_lone_miss_reads_the_rest_through_the_pools_own_client(
+    pool_server: PoolServer, backend: InMemoryBackend
+) -> None:
+    reader = _Reader(backend)
+    with _direct_client(pool_server.address, reader) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and report.path == "direct" and report.direct_bytes == len(CHUNK)
+    assert reader.reads == 1 and as_bytes(out) == CHUNK
+    # The first pool answer is what showed the miss: a few KVP fragments came before.
+    assert 1 <= report.frags_pool < NFRAGS
+
+
+def test_a_failing_direct_read_leaves_the_kvp_fetch_going(
+    pool_server: PoolServer, backend: InMemoryBackend
+) -> None:
+    reader = _Reader(backend, fail=True)
+    with _direct_client(pool_server.address, reader) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+        assert client.direct is reader
+    assert report.ok and report.path == "pool" and report.direct_bytes == 0
+    assert reader.reads == 1 and report.frags_pool == NFRAGS and as_bytes(out) == CHUNK
+
+
+def test_switch_hits_and_group_fetches_never_read_directly(backend: InMemoryBackend) -> None:
+    reader = _Reader(backend)
+    with FakeServer(Switch(TENANT, KEY, CHUNK, hit_below=NFRAGS, behind=pool(backend))) as sw:
+        with _direct_client(sw.address, reader) as client:
+            hit = client.fetch(TENANT, KEY, dst())
+        with _direct_client(sw.address, reader, group=5) as client:
+            grouped = client.fetch(TENANT, KEY, dst())
+    assert hit.ok and hit.path == "switch" and grouped.ok
+    assert reader.reads == 0
