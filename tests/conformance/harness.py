@@ -14,6 +14,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -56,7 +57,7 @@ class InProcessRefTarget:
         self.client = P4RuntimeClient(f"127.0.0.1:{port}", election_id=10).connect()
         self.client.set_pipeline(load_p4info())
 
-    def _packet_out(self, payload: bytes, metadata: dict[str, int]) -> None:
+    def _packet_out(self, payload: bytes, metadata: Mapping[str, int]) -> None:
         header = ((metadata.get("egress_port", 0) & 0x1FF) << 7).to_bytes(PACKET_OUT_LEN, "big")
         self._deliver(self.pipeline.process(CPU, header + payload))
 
