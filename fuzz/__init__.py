@@ -15,7 +15,7 @@ headers, lying lengths, trailing garbage, random bytes):
 - ``agent``: the fetch client, during real fetches from a pool-node server on loopback, while
   mutants of real DATA and NACK messages arrive from a KVP service address (the worst case: a
   trusted source sending garbage). Every fetch ends complete with exactly the chunk's bytes, or
-  refused (RECOMPUTE); never complete with a wrong byte.
+  refused (RECOMPUTE); never complete with a wrong byte; a fetch after the mutants completes.
 
 Modules:
     mutators: the seeds and the mutation operators.

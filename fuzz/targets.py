@@ -283,5 +283,11 @@ def run_agent(count: int, seed: int) -> Counter[str]:
             stop.set()
             thread.join()
             evil.close()
+        # The client keeps serving: a fetch after the storm completes with the chunk.
+        dst.zero_()
+        report = client.fetch(tenant, key, dst)
+        if not report.ok or dst.numpy().tobytes() != chunk:
+            raise FuzzError(f"the fetch after the mutants did not complete correctly: {report}")
+        out["complete_after"] += 1
     out["packets"] = sent
     return out

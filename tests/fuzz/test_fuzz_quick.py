@@ -30,7 +30,7 @@ def test_the_pool_handler_counts_every_datagram_and_answers_only_well_formed() -
 def test_no_fetch_completes_with_a_wrong_byte_under_mutants_from_a_kvp_port() -> None:
     out = run_agent(COUNT, SEED)
     assert out["packets"] == COUNT
-    assert out["complete"] > 0
+    assert out["complete_after"] == 1  # the client still serves once the mutants stop
     assert out["crc_failures"] + out["invalid"] + out["ignored"] > 0  # mutants did arrive
 
 
