@@ -33,6 +33,9 @@ class P4Switch(Switch):  # type: ignore[misc]
     """A P4 switch process bound to this node's interfaces (in the root namespace)."""
 
     kind = "refswitch"
+    impair = ""
+    """Faults the reference target injects into its output (``refswitch --impair``); a subclass
+    with this set is how a fault campaign asks for them (experiments.faults)."""
 
     def __init__(self, name: str, **params: Any) -> None:
         params["inNamespace"] = False
@@ -60,7 +63,9 @@ class P4Switch(Switch):  # type: ignore[misc]
 
     def start(self, controllers: list[Any]) -> None:
         """Starts the switch process and installs the pipeline."""
-        self.process = SwitchProcess(self.kind, self.interface_args(), self.log_dir / "switch.log")
+        self.process = SwitchProcess(
+            self.kind, self.interface_args(), self.log_dir / "switch.log", impair=self.impair
+        )
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's signature
         """Stops the process, removes its log directory, then the interfaces."""

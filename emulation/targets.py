@@ -187,13 +187,22 @@ class SwitchProcess:
         interface_args: ``-i PORT@IFNAME`` arguments.
         log_path: where the process's output goes.
         device_id: P4Runtime device id.
+        impair: faults the reference target injects into the frames it sends
+            (``refswitch --impair``, e.g. ``"loss=0.01,seed=3"``); empty: none. BMv2 has no
+            such stage.
 
     Raises:
         TargetUnavailableError: the target is not installed or the program is not compiled.
+        ValueError: ``impair`` given for BMv2.
     """
 
     def __init__(
-        self, kind: str, interface_args: Sequence[str], log_path: Path, device_id: int = 1
+        self,
+        kind: str,
+        interface_args: Sequence[str],
+        log_path: Path,
+        device_id: int = 1,
+        impair: str = "",
     ):
         self.kind = kind
         self.grpc_port = free_tcp_port()
@@ -207,6 +216,8 @@ class SwitchProcess:
             if not BMV2_JSON_PATH.exists():
                 raise TargetUnavailableError(f"{BMV2_JSON_PATH} missing: run `make p4`")
             device_config = BMV2_JSON_PATH.read_bytes()
+            if impair:
+                raise ValueError("BMv2 has no impairment stage: use the reference target")
             cmd = [
                 binary,
                 "--device-id",
@@ -231,6 +242,7 @@ class SwitchProcess:
                 self.address,
                 "--log-level",
                 "WARNING",
+                *(["--impair", impair] if impair else []),
             ]
         else:
             raise ValueError(f"unknown switch kind {kind!r}")

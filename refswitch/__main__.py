@@ -17,6 +17,7 @@ from finsy.proto import p4i
 
 from kvcast import p4constants as c
 from refswitch.dataplane import Dataplane, PortMap
+from refswitch.impair import Impairment, ImpairSpec
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import Pipeline, initial_defaults
 from refswitch.runtime import ActionCall, SwitchState
@@ -36,6 +37,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device-id", type=int, default=1)
     ap.add_argument("--cpu-port", type=int, default=c.CPU_PORT_NUM)
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument(
+        "--impair",
+        default="",
+        metavar="loss=P,dup=P,corrupt=P,reorder=P,seed=N",
+        help="inject faults into frames sent to data ports (refswitch.impair; for fault runs)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -45,7 +52,12 @@ def main(argv: list[str] | None = None) -> None:
 
     state = SwitchState(device_id=args.device_id, cpu_port=args.cpu_port)
     pipeline = Pipeline(state)
-    dataplane = Dataplane(pipeline, PortMap.parse(args.interface))
+    try:
+        spec = ImpairSpec.parse(args.impair)
+    except ValueError as exc:
+        ap.error(str(exc))
+    impairment = Impairment(spec) if str(spec) != "none" else None
+    dataplane = Dataplane(pipeline, PortMap.parse(args.interface), impairment)
     server = P4RuntimeServer(
         state,
         args.grpc_server_addr,
@@ -62,10 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     log.info(
-        "stopping: rx %d tx %d tx_errors %d",
+        "stopping: rx %d tx %d tx_errors %d impaired %s",
         dataplane.rx_packets,
         dataplane.tx_packets,
         dataplane.tx_errors,
+        impairment.counts if impairment is not None else "none",
     )
     server.stop(grace=1)
     dataplane.stop()

@@ -17,6 +17,7 @@ import socket
 import threading
 from collections.abc import Iterable, Mapping
 
+from refswitch.impair import Impairment
 from refswitch.pipeline import PACKET_OUT_LEN, Output, Pipeline
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,15 @@ class Dataplane:
     Args:
         pipeline: the switch pipeline.
         ports: port number to interface name.
+        impairment: faults to inject into frames sent to data ports (refswitch.impair), or None.
 
     Raises:
         DataplaneError: a port is the CPU port or not a 9-bit port number.
     """
 
-    def __init__(self, pipeline: Pipeline, ports: Mapping[int, str]):
+    def __init__(
+        self, pipeline: Pipeline, ports: Mapping[int, str], impairment: Impairment | None = None
+    ):
         if pipeline.cpu_port in ports:
             # A frame from that interface would be taken for a PacketOut from the controller,
             # and could WRITE switch SRAM.
@@ -89,6 +93,7 @@ class Dataplane:
         self.rx_packets = 0
         self.tx_packets = 0
         self.tx_errors = 0
+        self.impairment = impairment
         pipeline.state.packet_out_handler = self.packet_out
 
     def open(self) -> None:
@@ -148,15 +153,21 @@ class Dataplane:
             if out.port == self.pipeline.cpu_port:
                 state.emit_packet_in(out.frame, {"ingress_port": out.ingress_port, "pad": 0})
                 continue
-            sock = self._socks.get(out.port)
-            if sock is None:
-                self.tx_errors += 1
-                continue
-            try:
-                sock.send(out.frame)
-                self.tx_packets += 1
-            except OSError:
-                self.tx_errors += 1
+            if self.impairment is not None:
+                self.impairment.send(out.port, out.frame, self._send)
+            else:
+                self._send(out.port, out.frame)
+
+    def _send(self, port: int, frame: bytes) -> None:
+        sock = self._socks.get(port)
+        if sock is None:
+            self.tx_errors += 1
+            return
+        try:
+            sock.send(frame)
+            self.tx_packets += 1
+        except OSError:
+            self.tx_errors += 1
 
     def _run(self) -> None:
         poller = select.epoll()
@@ -165,7 +176,10 @@ class Dataplane:
         poller.register(self._wake_r, select.EPOLLIN)
         try:
             while not self._stop.is_set():
-                for fd, _ in poller.poll(0.5):
+                events = poller.poll(0.5 if self.impairment is None else 0.01)
+                if not events and self.impairment is not None:
+                    self.impairment.flush(self._send)  # idle: release frames held back
+                for fd, _ in events:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)
                         self._drain_packet_out()
