@@ -7,7 +7,7 @@ P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
 P4C_TOFINO ?= $(shell command -v p4c-barefoot 2>/dev/null || command -v bf-p4c 2>/dev/null || { [ -x /opt/p4-tofino/bin/p4c-barefoot ] && echo /opt/p4-tofino/bin/p4c-barefoot; })
 P4TEST  ?= $(shell command -v p4test 2>/dev/null || { [ -x /opt/p4/bin/p4test ] && echo /opt/p4/bin/p4test; })
 
-.PHONY: setup demo test test-fast p4 p4-tofino constants bench fuzz lint clean
+.PHONY: setup demo test test-fast p4 p4-tofino constants bench fuzz faults lint clean
 
 setup:
 	bash scripts/setup.sh
@@ -54,6 +54,10 @@ constants:
 
 bench: setup
 	$(PY) -m benchmarks
+
+## faults: the incast modes under loss, duplication, corruption and reordering (docs/reliability.md)
+faults: setup
+	$(PY) -m experiments.faults --out results/faults
 
 ## fuzz: 100,000 mutated packets into each parser (reference target, BMv2 where installed,
 ## pool node, agent); a seeded 2,000 per target runs in the tests (tests/fuzz)

@@ -1,0 +1,66 @@
+"""The fault campaign's quick mode on the emulated cluster: faults cost time, never a wrong byte."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from refswitch.impair import Impairment, ImpairSpec
+
+
+def test_impairment_specs_parse_and_refuse_nonsense() -> None:
+    spec = ImpairSpec.parse("loss=0.01,reorder=0.05,seed=3")
+    assert (spec.loss, spec.reorder, spec.seed, str(spec)) == (
+        0.01,
+        0.05,
+        3,
+        "loss=0.01,reorder=0.05",
+    )
+    assert str(ImpairSpec.parse("")) == "none"
+    for bad in ("loss=2", "jitter=0.1", "loss"):
+        with pytest.raises(ValueError):
+            ImpairSpec.parse(bad)
+
+
+def test_the_impairment_stage_does_what_it_says() -> None:
+    sent: list[tuple[int, bytes]] = []
+    frames = [bytes([i % 256]) * 100 for i in range(2000)]
+    imp = Impairment(ImpairSpec(loss=0.1, dup=0.1, corrupt=0.1, reorder=0.1, seed=5))
+    for f in frames:
+        imp.send(1, f, lambda port, frame: sent.append((port, frame)))
+    imp.flush(lambda port, frame: sent.append((port, frame)))
+    counts = imp.counts
+    assert counts["frames"] == 2000
+    assert all(150 < counts[k] < 260 for k in ("lost", "duplicated", "reordered"))
+    assert len(sent) == 2000 - counts["lost"] + counts["duplicated"]
+    originals = set(frames)
+    corrupted = [f for _, f in sent if f not in originals]
+    assert 0 < len(corrupted) <= counts["corrupted"] * (1 + 0.1)  # a duplicate may repeat one
+    for f in corrupted:  # one bit flipped, after the Ethernet, IPv4 and UDP headers
+        original = bytes([f[0]]) * len(f)
+        diff = [i for i in range(len(f)) if f[i] != original[i]]
+        assert (
+            len(diff) == 1 and diff[0] >= 42 and bin(f[diff[0]] ^ original[diff[0]]).count("1") == 1
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("Mininet needs root (network namespaces, veth, tc)")
+    if shutil.which("mnexec") is None:
+        pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
+    from experiments.faults import main
+
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    rows = (tmp_path / "faults.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    recs = [dict(zip(header, r.split(","), strict=True)) for r in rows[1:]]
+    assert {r["fault"] for r in recs} == {"none", "loss 1%", "corrupt 1%"}
+    assert all(r["wrong_bytes"] == "0" for r in recs)
+    assert all(int(r["completed"]) + int(r["refused"]) == int(r["attempted"]) for r in recs)
+    assert "no netem" in (tmp_path / "faults.txt").read_text()
