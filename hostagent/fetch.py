@@ -78,7 +78,10 @@ _KVP_PORT = c.KVP_UDP_PORT
 # The native path's receive slots (one datagram each, any UDP size) and event record width.
 _SLOT = 65536
 _EVENT_FIELDS = 7
-_STREAM_FIELDS = 4
+_STREAM_FIELDS = 5
+# A follower asks for a missing fragment itself once the group's stream is this many fragments
+# past it (a loss, not a reordering), instead of waiting for the stream to stall.
+GAP_FRAGMENTS = 64
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -238,6 +241,10 @@ class _State:
     get_group: int = 0
     follower: bool = False
     listening: bool = False
+    stream_high: int = 0
+    """One past the highest fragment a replica of the group's stream brought (followers)."""
+    gap_scan: int = 0
+    """Followers repair missing fragments below this before the stream stalls."""
     want_direct: bool = False
     """A pool answered one of this unicast fetch's GETs: the switch does not hold the chunk."""
     direct_done: bool = False
@@ -351,6 +358,7 @@ class FetchClient:
         self.reporter = reporter
         self.report_host = socket.gethostname() if report_host is None else report_host
         self.mac_keys = check_keys(mac_keys or {})
+        self.gap_fragments = GAP_FRAGMENTS
         self.direct = direct
         self._mac_buf = torch.zeros(MAC_BYTES, dtype=torch.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
@@ -661,6 +669,17 @@ class FetchClient:
                     st.report.stalled = True
                     st.scan = 0
                     continue
+                # Gaps the stream has gone past: repair them now, not after a stall.
+                behind = st.stream_high - self.gap_fragments
+                if behind > 0 or st.inflight:
+                    if now >= st.next_check:
+                        self._expire(st, now)
+                    if behind > st.gap_scan:
+                        st.scan = min(st.scan, st.gap_scan)
+                        st.gap_scan = behind
+                    self._send(st, now, st.gap_scan)
+                    if st.inflight:
+                        wake = min(wake, st.next_check)
             else:
                 if now >= st.next_check:
                     self._expire(st, now)
@@ -700,12 +719,14 @@ class FetchClient:
                         continue
                     receive(st, nrecv)
 
-    def _send(self, st: _State, now: float) -> None:
+    def _send(self, st: _State, now: float, limit: int | None = None) -> None:
+        """Sends GETs for missing fragments (below ``limit`` only, when given)."""
         inflight = st.inflight
         window = self.window
         if len(inflight) >= window:
             return
-        frag, k, n, owner = st.frag, self.frags_per_get, st.n, st.owner
+        frag, k, owner = st.frag, self.frags_per_get, st.owner
+        n = st.n if limit is None else min(limit, st.n)
         path = st.path
         addr, pflags, conn = self.paths[path].addr, self.paths[path].flags, self.paths[path].sock
         sock, get, pack_into = self._sock, self._get, KVP_STRUCT.pack_into
@@ -837,7 +858,7 @@ class FetchClient:
         assert nat is not None
         recv_fetch, rbuf, stream, report = nat.recv_fetch, self._rbuf, self._stream, st.report
         while st.missing:
-            stream[0] = stream[1] = stream[2] = stream[3] = 0
+            stream[0] = stream[1] = stream[2] = stream[3] = stream[4] = 0
             nev, slow, foreign, drained = recv_fetch(
                 fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
                 st.tenant, st.key, st.get_group, self.group, st.crc_seed, st.nbytes, _FB,
@@ -846,7 +867,9 @@ class FetchClient:
             report.foreign += foreign
             if nev:
                 self._apply_events(st, nev)
-            hit, pool, dups, bad = stream
+            hit, pool, dups, bad, high = stream
+            if high > st.stream_high:
+                st.stream_high = high
             if hit or pool or dups or bad:  # replicas of the group's stream
                 new = hit + pool
                 st.missing -= new
@@ -982,6 +1005,8 @@ class FetchClient:
                     st.want_direct = st.get_group == 0 and not st.follower
             if path is None:
                 report.frags_stream += new
+                if last > st.stream_high:
+                    st.stream_high = last
             elif st.follower:
                 report.repairs += new
             if st.listening:

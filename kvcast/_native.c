@@ -170,7 +170,7 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
 #define PRESENT 2
 #define MAX_BATCH 64
 #define EVENT_FIELDS 7
-#define STREAM_FIELDS 4
+#define STREAM_FIELDS 5
 
 static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 static inline uint32_t be32(const uint8_t *p) {
@@ -195,7 +195,8 @@ static inline uint64_t be64(const uint8_t *p) {
  *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 1.
  * Replicas of our group need no per-GET bookkeeping: they are only counted, in `stream`, a
  *     writable int64 buffer of STREAM_FIELDS: new fragments served from SRAM (HIT), new
- *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC.
+ *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC,
+ *     and one past the highest fragment a replica with a good CRC carried.
  * Every datagram that is not such a DATA (NACK, another chunk, anything odd, a DATA whose
  * range or owner does not match) is returned as bytes in slow_list, for the Python path.
  */
@@ -337,6 +338,9 @@ static PyObject *py_recv_fetch(PyObject *self, PyObject *args) {
                         }
                     }
                     if (!ours) {
+                        if (crc_ok && last > st[4]) {
+                            st[4] = last;
+                        }
                         if (!crc_ok) {
                             st[3]++;
                         } else if (added == 0) {

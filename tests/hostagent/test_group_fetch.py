@@ -235,3 +235,37 @@ def test_group_fetch_through_the_reference_pipeline(
         assert (lead.frags_hit, fol.frags_hit) == (NFRAGS, NFRAGS)
     else:
         assert (lead.frags_pool, fol.frags_pool) == (NFRAGS, NFRAGS)
+
+
+def test_a_follower_repairs_a_gap_the_stream_went_past_without_waiting_for_a_stall() -> None:
+    """One fragment of the group's stream is lost on the follower's link; the rest arrive."""
+    import socket
+
+    from kvcast import wire
+
+    n = 200
+    chunk = os.urandom(n * c.FRAG_BYTES - 9)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    lost = 3
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))  # the stream comes from a KVP service port
+    try:
+        with (
+            PoolServer(backend, "127.0.0.1", 0) as server,
+            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
+        ):
+            for i in range(n):
+                if i == lost:
+                    continue
+                body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
+                msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
+                                        flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
+                sender.sendto(msg, follower.address)
+            out = torch.zeros(len(chunk), dtype=torch.uint8)
+            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+    finally:
+        sender.close()
+    assert report.ok and as_bytes(out) == chunk
+    # Repaired as soon as the stream had gone 64 fragments past the gap: no 5 s stall.
+    assert not report.stalled and report.repairs == 1 and report.frags_stream == n - 1
