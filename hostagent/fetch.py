@@ -735,7 +735,7 @@ class FetchClient:
         rto0, rto_max = st.rto, self.max_timeout_s
         scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
-            i = frag.find(_MISSING, scan)
+            i = frag.find(_MISSING, scan, n)
             if i < 0:
                 scan = n
                 break

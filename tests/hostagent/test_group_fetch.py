@@ -269,3 +269,47 @@ def test_a_follower_repairs_a_gap_the_stream_went_past_without_waiting_for_a_sta
     assert report.ok and as_bytes(out) == chunk
     # Repaired as soon as the stream had gone 64 fragments past the gap: no 5 s stall.
     assert not report.stalled and report.repairs == 1 and report.frags_stream == n - 1
+
+
+def test_a_follower_asks_for_nothing_the_stream_has_not_gone_past() -> None:
+    """A stream that is whole but not yet finished: no repair GET for what is still to come."""
+    import socket
+    import threading
+
+    from kvcast import wire
+
+    n = 200
+    chunk = os.urandom(n * c.FRAG_BYTES)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    seen: list[KvpHeader] = []
+    inner = pool(backend)
+
+    def record(datagram: bytes) -> list[bytes]:
+        seen.append(KvpHeader.unpack(datagram))
+        return inner(datagram)
+
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    try:
+        with (
+            FakeServer(record) as server,
+            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
+        ):
+
+            def send(frags: range) -> None:
+                for i in frags:
+                    body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
+                    msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
+                                            flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
+                    sender.sendto(msg, follower.address)
+
+            send(range(100))  # the first half now, the rest once the follower is listening
+            later = threading.Timer(0.3, send, args=(range(100, n),))
+            later.start()
+            out = torch.zeros(len(chunk), dtype=torch.uint8)
+            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+    finally:
+        sender.close()
+    later.join()
+    assert report.ok and report.repairs == 0 and seen == []
