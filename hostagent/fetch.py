@@ -546,11 +546,13 @@ class FetchClient:
         A follower of a group fetch sends nothing at first: another member (the leader) asks for
         the chunk with the group in its GETs, and the switch replicates every reply to this
         host (flag ``REPLICA``). Each replica is checked as in ``fetch`` (tenant, key, group,
-        range, length, CRC) and written in place. When no new fragment has arrived for
-        ``stall_s`` (``first_wait_s`` before the first one), the follower asks for every
-        fragment it still misses itself, by unicast GETs without a group: to the service
-        address (switch SRAM, else the pool behind it), then to the pool directly, as ``fetch``
-        does; replicas that still arrive keep counting.
+        range, length, CRC) and written in place. A fragment the stream has gone
+        ``GAP_FRAGMENTS`` past (or any, once the stream brought the chunk's last fragment) was
+        lost on the way: the follower asks for it at once, by a unicast GET without a group,
+        while it goes on listening. When no new fragment has arrived for ``stall_s``
+        (``first_wait_s`` before the first one), it asks for every fragment it still misses:
+        to the service address (switch SRAM, else the pool behind it), then to the pool
+        directly, as ``fetch`` does; replicas that still arrive keep counting.
 
         Args:
             tenant: tenant id.
@@ -669,8 +671,10 @@ class FetchClient:
                     st.report.stalled = True
                     st.scan = 0
                     continue
-                # Gaps the stream has gone past: repair them now, not after a stall.
-                behind = st.stream_high - self.gap_fragments
+                # Gaps the stream has gone past: repair them now, not after a stall. Once it
+                # brought the chunk's last fragment, every gap is behind it.
+                high = st.stream_high
+                behind = st.n if high >= st.n else high - self.gap_fragments
                 if behind > 0 or st.inflight:
                     if now >= st.next_check:
                         self._expire(st, now)

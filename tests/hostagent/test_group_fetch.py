@@ -109,7 +109,8 @@ def test_leader_and_two_followers_all_end_verified_and_the_lossy_one_repairs(
     assert (lead.frags_pool, lead.frags_stream, lead.repairs) == (NFRAGS, 0, 0)
     assert (r1.frags_stream, r1.repairs, r1.stalled) == (NFRAGS, 0, False)
     assert gets.get(addr1, 0) == 0  # f1 never asked: the stream carried it all
-    assert r2.stalled and r2.crc_failures == 1
+    # f2 repairs its gaps once the stream brought the chunk's last fragment, before any stall.
+    assert not r2.stalled and r2.crc_failures == 1
     assert r2.repairs == 15 and r2.frags_stream == NFRAGS - 15
     assert gets[addr2] >= 1
 
@@ -313,3 +314,35 @@ def test_a_follower_asks_for_nothing_the_stream_has_not_gone_past() -> None:
         sender.close()
     later.join()
     assert report.ok and report.repairs == 0 and seen == []
+
+
+def test_a_follower_repairs_a_tail_gap_once_the_last_fragment_came() -> None:
+    """The lost fragment is among the last ones: the stream never goes 64 past it."""
+    import socket
+
+    from kvcast import wire
+
+    n = 100
+    chunk = os.urandom(n * c.FRAG_BYTES)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    try:
+        with (
+            PoolServer(backend, "127.0.0.1", 0) as server,
+            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
+        ):
+            for i in range(n):
+                if i == n - 5:
+                    continue
+                body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
+                msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
+                                        flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
+                sender.sendto(msg, follower.address)
+            out = torch.zeros(len(chunk), dtype=torch.uint8)
+            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+    finally:
+        sender.close()
+    assert report.ok and as_bytes(out) == chunk
+    assert not report.stalled and report.repairs == 1
