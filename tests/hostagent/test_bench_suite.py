@@ -72,7 +72,14 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
         ],
     )
     monkeypatch.setattr(
-        suite, "measure_mooncake", lambda *a, **k: {"get_into_MBps": 300.0, "kvp_MBps": 60.0}
+        suite,
+        "measure_mooncake",
+        lambda *a, **k: {
+            "get_into_MBps": 300.0,
+            "kvp_MBps": 60.0,
+            "lone_MBps": 150.0,
+            "lone_direct": 1.0,
+        },
     )
     fields = _fields(suite.run(quick=True))
     assert fields["refswitch"]["ratio"] == "0.8"
@@ -80,6 +87,8 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
     assert fields["bmv2"]["fetch_MBps"] == "5"
     assert fields["mooncake"]["ratio_to_kvp"] == "5"
     assert fields["mooncake"]["ratio_to_kvp_refswitch"] == "30"  # to refswitch's, not BMv2's
+    assert fields["mooncake"]["lone_ratio"] == "0.5"
+    assert fields["mooncake"]["lone_path"] == "direct"
 
 
 @pytest.mark.slow
