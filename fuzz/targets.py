@@ -22,14 +22,15 @@ from fuzz.mutators import mutate_frame, mutate_payload
 from kvcast import p4constants as c
 from kvcast import wire
 
-__all__ = ["FuzzError", "run_agent", "run_bmv2", "run_pool", "run_refswitch"]
+__all__ = ["FuzzError", "frame_seeds", "run_agent", "run_bmv2", "run_pool", "run_refswitch"]
 
 
 class FuzzError(AssertionError):
     """A target did something it must never do; the message names the input."""
 
 
-def _frame_seeds(rng: random.Random) -> list[bytes]:
+def frame_seeds(rng: random.Random) -> list[bytes]:
+    """Real frames of every op from host and pool ports (the conformance setup's addresses)."""
     from tests.conformance.vectors import (
         CHUNK_KEY,
         HOSTS,
@@ -70,7 +71,7 @@ def run_refswitch(count: int, seed: int) -> Counter[str]:
     target = InProcessRefTarget()
     try:
         program_switch(target.client)
-        seeds = _frame_seeds(rng)
+        seeds = frame_seeds(rng)
         ports = [*HOSTS, POOL_PORT]
         state = target.state
 
@@ -134,7 +135,7 @@ def run_bmv2(count: int, seed: int) -> Counter[str]:
     target = VethTarget("bmv2")
     try:
         program_switch(target.client)
-        seeds = _frame_seeds(rng)
+        seeds = frame_seeds(rng)
         ports = [*HOSTS, POOL_PORT]
 
         def counted() -> int:

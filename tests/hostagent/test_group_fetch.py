@@ -9,7 +9,9 @@ test_group_emulation.py runs it as a switch process in Mininet.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,6 +19,7 @@ import torch
 
 from hostagent.fetch import Address, FetchClient, FetchError, FetchReport, RecomputeReason
 from kvcast import p4constants as c
+from kvcast import wire
 from kvcast.wire import KvpHeader
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
@@ -238,49 +241,64 @@ def test_group_fetch_through_the_reference_pipeline(
         assert (lead.frags_pool, fol.frags_pool) == (NFRAGS, NFRAGS)
 
 
-def test_a_follower_repairs_a_gap_the_stream_went_past_without_waiting_for_a_stall() -> None:
-    """One fragment of the group's stream is lost on the follower's link; the rest arrive."""
-    import socket
+class _Stream:
+    """Sends a chunk's fragments as the group's multicast replicas, from a KVP service port."""
 
-    from kvcast import wire
+    def __init__(self, chunk: bytes) -> None:
+        self.chunk = chunk
+        self.n = -(-len(chunk) // c.FRAG_BYTES)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
 
-    n = 200
-    chunk = os.urandom(n * c.FRAG_BYTES - 9)
-    backend = InMemoryBackend()
-    backend.put(TENANT, KEY, chunk)
-    lost = 3
-    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))  # the stream comes from a KVP service port
+    def send(self, to: Address, frags: Iterable[int]) -> None:
+        for i in frags:
+            body = self.chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
+            msg = wire.data_message(TENANT, KEY, i, self.n, body, group=GROUP,
+                                    flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
+            self.sock.sendto(msg, to)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _follow_with_gaps(
+    chunk: bytes, lost: set[int], server: Address, later: range | None = None
+) -> FetchReport:
+    """A follower receives ``chunk``'s stream less ``lost`` (``later`` after it started)."""
+    stream = _Stream(chunk)
+    timer = None
     try:
-        with (
-            PoolServer(backend, "127.0.0.1", 0) as server,
-            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
-        ):
-            for i in range(n):
-                if i == lost:
-                    continue
-                body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
-                msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
-                                        flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
-                sender.sendto(msg, follower.address)
+        with FetchClient(server, group=GROUP, socket_buffer_bytes=8 << 20) as follower:
+            first = range(stream.n) if later is None else range(later.start)
+            stream.send(follower.address, (i for i in first if i not in lost))
+            if later is not None:
+                timer = threading.Timer(0.3, stream.send, args=(follower.address, later))
+                timer.start()
             out = torch.zeros(len(chunk), dtype=torch.uint8)
             report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+            assert not report.ok or as_bytes(out) == chunk
+            return report
     finally:
-        sender.close()
-    assert report.ok and as_bytes(out) == chunk
+        if timer is not None:
+            timer.join()
+        stream.close()
+
+
+def test_a_follower_repairs_a_gap_the_stream_went_past_without_waiting_for_a_stall() -> None:
+    """One fragment of the group's stream is lost on the follower's link; the rest arrive."""
+    chunk = os.urandom(200 * c.FRAG_BYTES - 9)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    with PoolServer(backend, "127.0.0.1", 0) as server:
+        report = _follow_with_gaps(chunk, {3}, server.address)
+    assert report.ok
     # Repaired as soon as the stream had gone 64 fragments past the gap: no 5 s stall.
-    assert not report.stalled and report.repairs == 1 and report.frags_stream == n - 1
+    assert not report.stalled and report.repairs == 1 and report.frags_stream == 199
 
 
 def test_a_follower_asks_for_nothing_the_stream_has_not_gone_past() -> None:
     """A stream that is whole but not yet finished: no repair GET for what is still to come."""
-    import socket
-    import threading
-
-    from kvcast import wire
-
-    n = 200
-    chunk = os.urandom(n * c.FRAG_BYTES)
+    chunk = os.urandom(200 * c.FRAG_BYTES)
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, chunk)
     seen: list[KvpHeader] = []
@@ -290,59 +308,17 @@ def test_a_follower_asks_for_nothing_the_stream_has_not_gone_past() -> None:
         seen.append(KvpHeader.unpack(datagram))
         return inner(datagram)
 
-    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
-    try:
-        with (
-            FakeServer(record) as server,
-            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
-        ):
-
-            def send(frags: range) -> None:
-                for i in frags:
-                    body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
-                    msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
-                                            flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
-                    sender.sendto(msg, follower.address)
-
-            send(range(100))  # the first half now, the rest once the follower is listening
-            later = threading.Timer(0.3, send, args=(range(100, n),))
-            later.start()
-            out = torch.zeros(len(chunk), dtype=torch.uint8)
-            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
-    finally:
-        sender.close()
-    later.join()
+    with FakeServer(record) as server:
+        # The first half now, the rest once the follower is listening.
+        report = _follow_with_gaps(chunk, set(), server.address, later=range(100, 200))
     assert report.ok and report.repairs == 0 and seen == []
 
 
 def test_a_follower_repairs_a_tail_gap_once_the_last_fragment_came() -> None:
     """The lost fragment is among the last ones: the stream never goes 64 past it."""
-    import socket
-
-    from kvcast import wire
-
-    n = 100
-    chunk = os.urandom(n * c.FRAG_BYTES)
+    chunk = os.urandom(100 * c.FRAG_BYTES)
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, chunk)
-    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
-    try:
-        with (
-            PoolServer(backend, "127.0.0.1", 0) as server,
-            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
-        ):
-            for i in range(n):
-                if i == n - 5:
-                    continue
-                body = chunk[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES]
-                msg = wire.data_message(TENANT, KEY, i, n, body, group=GROUP,
-                                        flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA)  # fmt: skip
-                sender.sendto(msg, follower.address)
-            out = torch.zeros(len(chunk), dtype=torch.uint8)
-            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
-    finally:
-        sender.close()
-    assert report.ok and as_bytes(out) == chunk
-    assert not report.stalled and report.repairs == 1
+    with PoolServer(backend, "127.0.0.1", 0) as server:
+        report = _follow_with_gaps(chunk, {95}, server.address)
+    assert report.ok and not report.stalled and report.repairs == 1

@@ -15,6 +15,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz.mutators import mutate_frame
+from fuzz.targets import frame_seeds
 from kvcast import p4constants as c
 from kvcast import wire
 from tests.conformance.harness import InProcessRefTarget
@@ -43,49 +45,6 @@ def _totals(t: InProcessRefTarget) -> tuple[int, int]:
     return drops, events
 
 
-def _seeds(rng: random.Random) -> list[bytes]:
-    keys = [CHUNK_KEY, STALE_KEY, rng.getrandbits(64)]
-    seeds = []
-    for key in keys:
-        for op_payload in (
-            wire.get_message(TENANT, key, rng.randrange(4), group=rng.choice([0, 7, 8, 300])),
-            wire.write_message(TENANT, key, 0, rng.randrange(c.NUM_FRAG_SLOTS), 1, b"\xaa" * 64),
-            wire.data_message(TENANT, key, 0, 1, b"\x55" * 100, group=rng.choice([0, 7])),
-            wire.nack_message(wire.KvpHeader(c.KVP_OP_GET, key=key), c.KVP_STATUS_NOT_FOUND),
-            wire.KvpHeader(c.KVP_OP_WRITE_ACK, key=key).pack(),
-        ):
-            seeds.append(host_frame(rng.choice(list(HOSTS)), VIP, op_payload))
-            seeds.append(pool_frame(rng.choice(list(HOSTS)), op_payload))
-    return seeds
-
-
-def _mutant(rng: random.Random, seeds: list[bytes]) -> bytes:
-    kind = rng.randrange(6)
-    if kind == 0:  # random bytes
-        return rng.randbytes(rng.randrange(0, 400))
-    frame = bytearray(rng.choice(seeds))
-    if kind == 1:  # truncate anywhere
-        return bytes(frame[: rng.randrange(len(frame) + 1)])
-    if kind == 2:  # flip bits
-        for _ in range(rng.randrange(1, 8)):
-            pos = rng.randrange(len(frame))
-            frame[pos] ^= 1 << rng.randrange(8)
-        return bytes(frame)
-    if kind == 3:  # random KVP header fields, lengths kept consistent
-        off = wire.FRAME_KVP_OFFSET
-        frame[off : off + c.KVP_HDR_BYTES] = rng.randbytes(c.KVP_HDR_BYTES)
-        if rng.random() < 0.7:
-            frame[off] = (1 << 4) | rng.randrange(16)
-        return bytes(frame)
-    if kind == 4:  # trailing garbage or a cut payload
-        return bytes(frame) + rng.randbytes(rng.randrange(1, 300))
-    # lengths that lie
-    frame[38:40] = rng.getrandbits(16).to_bytes(2, "big")
-    if rng.random() < 0.5:
-        frame[16:18] = rng.getrandbits(16).to_bytes(2, "big")
-    return bytes(frame)
-
-
 def _check_one(t: InProcessRefTarget, port: int, frame: bytes, outcomes: Counter[str]) -> None:
     drops0, events0 = _totals(t)
     outputs = t.pipeline.process(port, frame)
@@ -106,12 +65,12 @@ def test_random_and_malformed_packets_are_all_accounted_and_change_no_cache_stat
     target: InProcessRefTarget,
 ) -> None:
     rng = random.Random(20261122)
-    seeds = _seeds(rng)
+    seeds = frame_seeds(rng)
     regs_before = target.pipeline.regs.snapshot()
     entries_before = target.client.table_entries(c.TABLE_INGRESS_CACHE_CACHE_TABLE)
     outcomes: Counter[str] = Counter()
     for _ in range(N_RANDOM):
-        _check_one(target, rng.choice(PORTS), _mutant(rng, seeds), outcomes)
+        _check_one(target, rng.choice(PORTS), mutate_frame(rng, seeds), outcomes)
     assert target.pipeline.regs.snapshot() == regs_before
     assert target.client.table_entries(c.TABLE_INGRESS_CACHE_CACHE_TABLE) == entries_before
     assert sum(outcomes.values()) == N_RANDOM
