@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from fuzz.mutators import mutate_frame
+from fuzz.targets import frame_seeds
 from kvcast import p4constants as c
 from kvcast import wire
 from refswitch.pipeline import Output
@@ -33,7 +35,6 @@ from tests.conformance.vectors import (
     VIP,
     host_frame,
 )
-from tests.refswitch.test_pipeline_fuzz import _mutant, _seeds
 
 PORTS = [*HOSTS, POOL_PORT]
 T_CACHE = c.TABLE_INGRESS_CACHE_CACHE_TABLE
@@ -147,7 +148,7 @@ def test_everything_else_falls_back_and_matches_the_general_path(
     served = _spy(target, monkeypatch)
     routed = _spy(target, monkeypatch, "_routed_ipv4")
     rng = random.Random(7)
-    seeds = _seeds(rng)
+    seeds = frame_seeds(rng)
     regs_before = target.pipeline.regs.snapshot()
     hits = [
         host_frame(h, VIP, wire.get_message(TENANT, CHUNK_KEY, i, req_id=i, flags=f))
@@ -159,7 +160,7 @@ def test_everything_else_falls_back_and_matches_the_general_path(
     for _ in range(4000):
         roll = rng.random()
         if roll < 0.5:
-            frame = _mutant(rng, seeds)
+            frame = mutate_frame(rng, seeds)
         elif roll < 0.65:
             frame = rng.choice(hits)
         elif roll < 0.8:
