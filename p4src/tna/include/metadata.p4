@@ -54,6 +54,7 @@ struct local_metadata_t {
     epoch_t      frag_epoch;
     bit<32>      hot_threshold;
     bit<32>      sketch_window;
+    bit<32>      sketch_min01;
 }
 
 // Egress parses the packet again; it needs the KVP header only (replica rewrite).

@@ -94,7 +94,7 @@ control KvcastIngressDeparser(packet_out packet, inout headers_t hdr, in local_m
     Digest<hot_miss_digest_t>(HOT_MISS_DIGEST_TYPE) hot_miss_digest;
 
     apply {
-        if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
+        if (hdr.ipv4.isValid()) {
             hdr.ipv4.hdr_checksum = ipv4_checksum.update({
                 hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.dscp_ecn, hdr.ipv4.total_len,
                 hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
@@ -162,7 +162,7 @@ control KvcastEgressDeparser(packet_out packet, inout egress_headers_t hdr,
     Checksum() ipv4_checksum;
 
     apply {
-        if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
+        if (hdr.ipv4.isValid()) {
             hdr.ipv4.hdr_checksum = ipv4_checksum.update({
                 hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.dscp_ecn, hdr.ipv4.total_len,
                 hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,

@@ -92,7 +92,9 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
         row0.apply(i0, meta.sketch_window, c0);
         row1.apply(i1, meta.sketch_window, c1);
         row2.apply(i2, meta.sketch_window, c2);
-        bit<32> estimate = min(min(c0, c1), c2);
+        // One min per stage: an action whose result feeds itself cannot span stages.
+        meta.sketch_min01 = min(c0, c1);
+        bit<32> estimate = min(meta.sketch_min01, c2);
         // estimate >= threshold, as a sign test; then once per window per report cell.
         bit<33> over = (bit<33>)estimate - (bit<33>)meta.hot_threshold;
         if (over[32:32] == 0) {
