@@ -829,21 +829,16 @@ class FetchClient:
     def _read_direct(self, st: _State) -> None:
         """Reads the whole chunk through the pool's own client; on failure, KVP goes on."""
         st.want_direct = False
-        direct = self.direct
-        assert direct is not None
-        self.direct = None  # once per fetch (restored by _finish)
-        st.report.path = "direct"
+        st.direct_done = True  # once per fetch
+        assert self.direct is not None
         try:
-            n = direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
+            n = self.direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
         except Exception as exc:  # any failure of the other path leaves the KVP fetch running
             _LOG.info("direct read of chunk %#x failed, KVP goes on: %s", st.key, exc)
             n = None
-        finally:
-            self.direct = direct
-            st.direct_done = True
         if n != st.nbytes:
-            st.report.path = "none"
             return
+        st.report.path = "direct"
         st.report.direct_bytes = n
         st.frag[:] = _PRESENT_BYTE * st.n
         st.missing = 0
@@ -892,11 +887,14 @@ class FetchClient:
                 return
 
     def _apply_events(self, st: _State, nev: int) -> None:
-        """Per-GET bookkeeping of the DATA the native path took (as the tail of ``_receive``)."""
+        """Per-GET bookkeeping of the DATA the native path took (as the tail of ``_receive``).
+
+        Every event answers one of this fetch's GETs (replicas are only counted, in C).
+        """
         ev, report, inflight, frag = self._events, st.report, st.inflight, st.frag
         for i in range(0, nev * _EVENT_FIELDS, _EVENT_FIELDS):
-            rid, first, last, new, flags, crc_ok, ours = ev[i : i + _EVENT_FIELDS]
-            g = inflight.get(rid) if ours else None
+            rid, first, _last, new, flags, crc_ok, _ours = ev[i : i + _EVENT_FIELDS]
+            g = inflight.get(rid)
             if not crc_ok:
                 report.crc_failures += 1
                 if g is not None:
@@ -905,7 +903,7 @@ class FetchClient:
                 continue
             if g is not None:
                 self._sample_rtt(st, time.monotonic() - g[3])
-            elif ours and rid in st.late:
+            elif rid in st.late:
                 self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
             if new == 0:
                 report.duplicates += 1
@@ -915,11 +913,9 @@ class FetchClient:
                     report.frags_hit += new
                 else:
                     report.frags_pool += new
-                    if ours and self.direct is not None and not st.direct_done:
+                    if self.direct is not None and not st.direct_done:
                         st.want_direct = st.get_group == 0 and not st.follower
-                if not ours:
-                    report.frags_stream += new
-                elif st.follower:
+                if st.follower:
                     report.repairs += new
                 if st.listening:
                     st.last_progress = time.monotonic()

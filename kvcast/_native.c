@@ -180,6 +180,23 @@ static inline uint64_t be64(const uint8_t *p) {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
 }
 
+/* Points MAX_BATCH recvmmsg() headers at consecutive `slot`-byte slots of `base`, and at
+ * `src` for the senders' addresses when given. */
+static void batch_slots(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *src,
+                        uint8_t *base, Py_ssize_t slot) {
+    for (int i = 0; i < MAX_BATCH; i++) {
+        iov[i].iov_base = base + (size_t)i * slot;
+        iov[i].iov_len = (size_t)slot;
+        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        if (src != NULL) {
+            msgs[i].msg_hdr.msg_name = &src[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof(src[i]);
+        }
+    }
+}
+
 /*
  * recv_fetch(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, tenant, key, get_group,
  *            my_group, crc_seed, nbytes, frag_bytes, rid_base, rids_used, out, frag, owner,
@@ -248,16 +265,7 @@ static PyObject *py_recv_fetch(PyObject *self, PyObject *args) {
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iov[MAX_BATCH];
     struct sockaddr_in src[MAX_BATCH];
-    uint8_t *base = rx.buf;
-    for (int i = 0; i < nmax; i++) {
-        iov[i].iov_base = base + (size_t)i * slot;
-        iov[i].iov_len = (size_t)slot;
-        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_name = &src[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof(src[i]);
-    }
+    batch_slots(msgs, iov, src, rx.buf, slot);
     int got;
     Py_BEGIN_ALLOW_THREADS
     got = recvmmsg(fd, msgs, nmax, MSG_DONTWAIT, NULL);
@@ -519,14 +527,7 @@ static PyObject *py_recv_count(PyObject *self, PyObject *args) {
     }
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iov[MAX_BATCH];
-    uint8_t *base = rx.buf;
-    for (int i = 0; i < MAX_BATCH; i++) {
-        iov[i].iov_base = base + (size_t)i * slot;
-        iov[i].iov_len = (size_t)slot;
-        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-    }
+    batch_slots(msgs, iov, NULL, rx.buf, slot);
     Py_ssize_t got = 0;
     long long bytes = 0;
     int err = 0;
