@@ -64,10 +64,16 @@ __all__ = ["KvcastPolicy"]
 _NEG_INF = float("-inf")
 
 
+_N_CLASSES = 20
+"""Reuse classes of the learned weights: 5 access-count buckets x (first access, 3 gaps)."""
+
+
 class _Meta:
     """Statistics of one tracked chunk (resident or not)."""
 
     __slots__ = (
+        "cls",
+        "count",
         "first",
         "hosts",
         "last",
@@ -89,6 +95,8 @@ class _Meta:
         self.last = _NEG_INF
         self.first = _NEG_INF  # time of the first access until the first reuse, then +inf
         self.hosts = 0
+        self.count = 0
+        self.cls = -1
 
 
 @register_policy("kvcast")
@@ -130,6 +138,7 @@ class KvcastPolicy(CachePolicy):
         prefix_closed: bool = True,
         max_tracked: int = 1 << 18,
         demote_threshold: float = 1.0,
+        learned_weights: bool = True,
     ) -> None:
         super().__init__(capacity_bytes, demote_threshold=demote_threshold)
         if half_life_s is not None and not half_life_s > 0:
@@ -169,6 +178,12 @@ class KvcastPolicy(CachePolicy):
         self._heap: list[tuple[float, int, int, int]] = []  # (pri, -position, seq, key)
         self._token: dict[int, int] = {}  # resident key -> seq of its live heap entry
         self._seq = itertools.count()
+        self._learned = learned_weights
+        # Per reuse class: blocks that entered it and how many of them came back (a prior of
+        # one half for classes not seen yet).
+        self._cls_entries = [1.0] * _N_CLASSES
+        self._cls_reuses = [0.5] * _N_CLASSES
+        self._cls_samples = 0
 
     # ------------------------------------------------------------------ statistics
     @property
@@ -198,6 +213,33 @@ class KvcastPolicy(CachePolicy):
             self._clock_v = self._x(now)
             self._clock_t = now
             self._half_life = target
+
+    def _learn(self, m: _Meta, now: float) -> float:
+        """Account one access in the reuse classes; the log2 weight it contributes.
+
+        The class an access puts a block in is its access count (1, 2, 3, 4-7, 8+) and, from
+        the second access on, its gap since the previous one in half-lives (< 1/4, < 1,
+        more). The block's previous class is credited with a reuse; the weight is the share
+        of blocks that came back after entering the new class. Counts are halved every
+        65,536 accesses so the shares follow a changing workload.
+        """
+        if m.cls >= 0:
+            self._cls_reuses[m.cls] += 1.0
+        m.count += 1
+        c = m.count
+        cls = (c - 1 if c < 4 else 3 if c < 8 else 4) * 4
+        if c > 1:
+            g = (now - m.last) / self._half_life
+            cls += 1 if g < 0.25 else 2 if g < 1.0 else 3
+        m.cls = cls
+        self._cls_entries[cls] += 1.0
+        self._cls_samples += 1
+        if self._cls_samples >= 1 << 16:
+            self._cls_samples = 0
+            self._cls_entries = [max(v / 2, 1.0) for v in self._cls_entries]
+            self._cls_reuses = [v / 2 for v in self._cls_reuses]
+        share = self._cls_reuses[cls] / self._cls_entries[cls]
+        return math.log2(min(max(share, 1.0 / 64), 1.0))
 
     def score(self, key: int, now: float) -> float | None:
         """Current decayed, host-weighted access count of a chunk (None if untracked).
@@ -237,6 +279,8 @@ class KvcastPolicy(CachePolicy):
             m.hosts = 0
         bit = 1 << (access.host & 63)
         lw = x + self._log_repeat if m.hosts & bit else x
+        if self._learned:
+            lw += self._learn(m, access.time)
         m.hosts |= bit
         a = m.logs
         if a == _NEG_INF:

@@ -129,7 +129,7 @@ def test_kvcast_prefers_a_chunk_reused_by_many_hosts() -> None:
 
 
 def test_kvcast_host_weighting_can_be_turned_off() -> None:
-    policy = KvcastPolicy(1 * B, half_life_s=60.0, repeat_host_weight=1.0)
+    policy = KvcastPolicy(1 * B, half_life_s=60.0, repeat_host_weight=1.0, learned_weights=False)
     for i in range(4):
         policy.record(acc(1, float(i), host=0))
         policy.record(acc(2, float(i), host=i))
@@ -175,8 +175,30 @@ def test_kvcast_adapts_half_life_to_the_reuse_gap() -> None:
     assert fixed.half_life_s == 300.0
 
 
+def test_kvcast_learns_that_first_sightings_rarely_return() -> None:
+    one_offs = KvcastPolicy(64 * B, half_life_s=60.0)
+    for key in range(300):
+        one_offs.observe(acc(key, key * 0.1))
+    one_offs.observe(acc(1000, 30.0))
+    plain = KvcastPolicy(64 * B, half_life_s=60.0, learned_weights=False)
+    plain.observe(acc(1000, 30.0))
+    assert plain.score(1000, 30.0) == pytest.approx(1.0)
+    # About 1 in 300 first sightings came back: a new one weighs the floor, 1/64.
+    assert one_offs.score(1000, 30.0) == pytest.approx(1 / 64)
+
+
+def test_kvcast_weighs_a_first_sighting_by_how_often_such_blocks_came_back() -> None:
+    policy = KvcastPolicy(64 * B, half_life_s=60.0)
+    for key in range(300):  # every block comes back once, a second later
+        policy.observe(acc(key, key * 0.1))
+        policy.observe(acc(key, key * 0.1 + 1.0))
+    policy.observe(acc(1000, 40.0))
+    score = policy.score(1000, 40.0)
+    assert score is not None and score > 0.95
+
+
 def test_kvcast_demotes_valuable_chunks_and_drops_stale_ones() -> None:
-    policy = KvcastPolicy(1 * B, half_life_s=10.0, hysteresis=0.0)
+    policy = KvcastPolicy(1 * B, half_life_s=10.0, hysteresis=0.0, learned_weights=False)
     for i in range(8):
         policy.observe(acc(1, i * 0.1))
     (ev,) = [e for i in range(12) for e in policy.observe(acc(2, 1.0 + i * 0.1)).evict]
