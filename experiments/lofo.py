@@ -26,6 +26,7 @@ Functions:
     families: the workloads of every family.
     run_grid: every (policy, parameters) on every case, as scores.
     leave_one_out: the protocol over the scores.
+    against_anchors: per family and budget, kvcast over the best anchor (target 1.15x).
     main: command line.
 """
 
@@ -54,7 +55,15 @@ from controlplane.policies.workloads import (
 from experiments.output import write_csv
 from experiments.sim.report import result_line
 
-__all__ = ["GRIDS", "Case", "families", "leave_one_out", "main", "run_grid"]
+__all__ = [
+    "GRIDS",
+    "Case",
+    "against_anchors",
+    "families",
+    "leave_one_out",
+    "main",
+    "run_grid",
+]
 
 RESULTS = Path("results/lofo")
 
@@ -63,11 +72,12 @@ Params = Mapping[str, Any]
 GRIDS: dict[str, list[dict[str, Any]]] = {
     "kvcast": [
         {},
+        {"learned_weights": False},
         {"half_life_s": 30.0},
         {"half_life_s": 300.0},
         {"hysteresis": 0.0},
+        {"hysteresis": 1.0, "gap_factor": 3.0},
         {"repeat_host_weight": 1.0},
-        {"prefix_closed": False},
     ],
     "wtinylfu": [{}, {"window_fraction": 0.05}, {"window_fraction": 0.2}],
     "lfu": [{}],
@@ -79,6 +89,11 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
 
 BUDGET_FRACTIONS = (0.01, 0.04, 0.16)
 
+ANCHORS = ("lru", "lfu", "arc", "wtinylfu")
+"""The classic caches kvcast is measured against (issue 14: at least 1.15x the best of them)."""
+
+TARGET = 1.15
+
 
 @dataclass(frozen=True)
 class Case:
@@ -89,12 +104,14 @@ class Case:
         workload: the workload.
         blocks: the budget in blocks.
         opt_hit_bytes: the offline optimum's prefix byte hits at that budget.
+        fraction: the budget as a share of the workload's distinct blocks.
     """
 
     family: str
     workload: Workload
     blocks: int
     opt_hit_bytes: float
+    fraction: float = 0.0
 
 
 def _slice(w: Workload, start: int, n: int, name: str) -> Workload:
@@ -155,7 +172,7 @@ def make_cases(
             for frac in fractions:
                 blocks = max(8, int(frac * distinct))
                 opt = opt_result(w, blocks * w.block_bytes)
-                cases.append(Case(family, w, blocks, opt.hit_bytes))
+                cases.append(Case(family, w, blocks, opt.hit_bytes, frac))
     return cases
 
 
@@ -183,6 +200,7 @@ def run_grid(
                         "family": case.family,
                         "workload": case.workload.name,
                         "blocks": case.blocks,
+                        "budget": f"{case.fraction:.0%}",
                         "policy": policy,
                         "params": _label(params),
                         "score": round(score, 4),
@@ -237,6 +255,80 @@ def leave_one_out(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def against_anchors(
+    rows: Sequence[Mapping[str, Any]],
+    table: Sequence[Mapping[str, Any]],
+    policy: str = "kvcast",
+    anchors: Sequence[str] = ANCHORS,
+) -> list[dict[str, Any]]:
+    """Per held-out family and budget: the policy's hits over the best anchor's, case by case.
+
+    Every policy runs with the parameters :func:`leave_one_out` chose without the family. The
+    ratio cannot exceed ``ceiling`` = 1 / (best anchor's score): no policy beats the optimum.
+
+    Args:
+        rows: :func:`run_grid`'s rows.
+        table: :func:`leave_one_out`'s rows for the same runs.
+        policy: the policy measured.
+        anchors: the policies it is measured against (those present in ``rows``).
+
+    Returns:
+        One row per (family, budget): ``min_ratio`` and ``mean_ratio`` over the family's
+        workloads at that budget, the policy's and the best anchor's mean score, ``ceiling``
+        (the smallest over the workloads) and ``target_met`` (``min_ratio >= TARGET``).
+    """
+    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
+    score: dict[tuple[str, str, int, str], float] = {}
+    for r in rows:
+        if chosen.get((r["family"], r["policy"])) == r["params"]:
+            score[r["workload"], str(r.get("budget", r["blocks"])), int(r["blocks"]),
+                  r["policy"]] = float(r["score"])  # fmt: skip
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    fam_of = {r["workload"]: r["family"] for r in rows}
+    for (workload, budget, blocks, name), value in score.items():
+        if name != policy:
+            continue
+        best = max((score.get((workload, budget, blocks, a), -1.0) for a in anchors), default=-1.0)
+        if best > 0:
+            groups.setdefault((fam_of[workload], budget), []).append((value, best))
+    out = []
+    for (family, budget), pairs in sorted(groups.items()):
+        ratios = [v / b for v, b in pairs]
+        out.append(
+            {
+                "family": family,
+                "budget": budget,
+                "min_ratio": round(min(ratios), 3),
+                "mean_ratio": round(statistics.fmean(ratios), 3),
+                policy: round(statistics.fmean(v for v, _ in pairs), 3),
+                "best_anchor": round(statistics.fmean(b for _, b in pairs), 3),
+                "ceiling": round(min(1.0 / b for _, b in pairs), 3),
+                "target_met": min(ratios) >= TARGET,
+            }
+        )
+    return out
+
+
+def format_anchor_table(ratios: Sequence[Mapping[str, Any]]) -> str:
+    """Family x budget, the smallest ratio to the best anchor (ceiling in brackets)."""
+    budgets = sorted({r["budget"] for r in ratios}, key=lambda b: float(b.rstrip("%")))
+    fams = list(dict.fromkeys(r["family"] for r in ratios))
+    cell = {(r["family"], r["budget"]): r for r in ratios}
+    width = max(12, *(len(f) for f in fams))
+    lines = [
+        f"kvcast / best of {', '.join(ANCHORS)} (min over the family's workloads; "
+        f"target {TARGET}; [ceiling: 1 / best anchor's ratio to the optimum])",
+        "family".ljust(width) + "".join(f"{b:>16}" for b in budgets),
+    ]
+    for f in fams:
+        cells = []
+        for b in budgets:
+            r = cell.get((f, b))
+            cells.append(f"{r['min_ratio']:>7.3f} [{r['ceiling']:.2f}]" if r else "-")
+        lines.append(f.ljust(width) + "".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)
+
+
 def format_table(table: Sequence[Mapping[str, Any]]) -> str:
     """Family x policy, the held-out score; a last row with each policy's worst family."""
     fams = list(dict.fromkeys(r["family"] for r in table))
@@ -282,6 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in table:
         result_line("lofo", **r)
     print(format_table(table))
+    if "kvcast" in grids and any(a in grids for a in ANCHORS):
+        ratios = against_anchors(rows, table)
+        write_csv(args.out / "lofo_anchors.csv", ratios)
+        for r in ratios:
+            result_line("lofo-anchors", **r)
+        print(format_anchor_table(ratios))
     print(f"# {len(cases)} cases, {len(rows)} runs in {time.monotonic() - t0:.0f} s; "
           f"wrote {args.out / 'lofo.csv'}, {args.out / 'lofo_table.csv'}")  # fmt: skip
     return 0

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import bench_line, parse_line
 from benchmarks.__main__ import discover, format_tables, main
-from benchmarks.policies import policy_rows
+from benchmarks.policies import policy_rows, target_rows
 from controlplane.policies.workloads import zipf_prefix_workload
 
 
@@ -67,6 +67,15 @@ def test_policy_rows_report_every_policy_against_the_optimum(
     assert table[8]["belady"] == 1.0
     assert all(0.0 <= table[8][k] <= 1.0 for k in ("lru", "kvcast"))
     assert capsys.readouterr().out.count("bench policies") == 3
+
+
+def test_target_rows_compare_kvcast_with_the_best_anchor() -> None:
+    w = zipf_prefix_workload(n_requests=20, n_documents=5, block_bytes=10)
+    table = {8: {"kvcast": 0.9, "lru": 0.5, "arc": 0.75, "opt_byte_hit": 0.3}, 16: {"lru": 1.0}}
+    (line,) = target_rows(w, table)
+    fields = parse_line(line)[1]
+    assert (fields["best_anchor"], fields["kvcast_over_best_anchor"]) == ("arc", "1.2")
+    assert (fields["target"], fields["met"]) == ("1.15", "True")
 
 
 def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch, capsys) -> None:

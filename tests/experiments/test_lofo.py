@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controlplane.policies.workloads import (
     chat_sessions_workload,
     multitenant_prompts_workload,
@@ -30,6 +32,22 @@ def test_parameters_are_chosen_without_the_held_out_family() -> None:
     assert (table["A"]["chosen"], table["A"]["lofo"]) == ("y", 0.5)
     text = lofo.format_table(list(table.values()))
     assert text.splitlines()[-1].split() == ["worst", "0.200"]
+
+
+def test_kvcast_is_compared_with_the_best_anchor_case_by_case() -> None:
+    rows = [
+        {**_row("A", "default", 0.6, "kvcast"), "workload": "a1"},
+        {**_row("A", "default", 0.5, "lru"), "workload": "a1"},
+        {**_row("A", "default", 0.4, "arc"), "workload": "a1"},
+        {**_row("A", "default", 0.9, "kvcast"), "workload": "a2"},
+        {**_row("A", "default", 0.9, "arc"), "workload": "a2"},
+    ]
+    table = lofo.leave_one_out(rows)
+    (r,) = lofo.against_anchors(rows, table)
+    assert (r["min_ratio"], r["mean_ratio"]) == (1.0, 1.1)
+    assert r["ceiling"] == pytest.approx(1 / 0.9, abs=1e-3)  # a2: no policy beats the optimum
+    assert not r["target_met"]
+    assert "1.000 [1.11]" in lofo.format_anchor_table([r])
 
 
 def test_every_family_is_there_and_generators_are_deterministic() -> None:
