@@ -23,6 +23,15 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   reuse, and it still outranks a fresh one-off (score 1) only while ``u + u*u >= 1``, i.e.
   ``H >= g / log2(golden ratio) = 1.44 g``. Agent branches reuse within seconds,
   conversations within minutes; one fixed half-life cannot serve both.
+* Learned weights (``learned_weights``): each access also weighs the share of blocks of its
+  *class* that came back, learned online from every access the controller hears of. The class
+  is the block's access count (1, 2, 3, 4-7, 8+) and either its gap since the previous access
+  (in half-lives) or, at first sight, how often its parent in the prefix tree was seen. On the
+  conversation trace a first sighting returns 23 % of the time and a fourth one 55 %; in
+  multi-turn chat with memoryless sessions every turn returns about 80 % of the time; a unique
+  question tail never does. The same rule then weighs a one-off like a one-off and a session
+  turn like a session turn without a parameter per workload, and the score becomes a decayed
+  count of expected reuses rather than of accesses.
 * Prefix structure: block i of a request is useful only if blocks 0..i-1 are available, and a
   child is never more popular than its parent. The policy clamps a block's priority to its
   parent's (``pri = min(own, parent)``), breaks ties by evicting the deeper block, admits a
@@ -65,7 +74,7 @@ _NEG_INF = float("-inf")
 
 
 _N_CLASSES = 20
-"""Reuse classes of the learned weights: 5 access-count buckets x (first access, 3 gaps)."""
+"""Reuse classes of the learned weights: 5 access-count buckets x 4 (gap or parent) buckets."""
 
 
 class _Meta:
@@ -118,6 +127,8 @@ class KvcastPolicy(CachePolicy):
         max_tracked: chunks whose statistics are kept; beyond it the least valuable
             non-resident ones are forgotten (bounded controller memory).
         demote_threshold: score at or above which an evicted chunk is DEMOTEd.
+        learned_weights: weigh each access by the learned share of its class's blocks that
+            came back (False: every access weighs 1, the policy before issue 14).
 
     Raises:
         PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
@@ -214,14 +225,17 @@ class KvcastPolicy(CachePolicy):
             self._clock_t = now
             self._half_life = target
 
-    def _learn(self, m: _Meta, now: float) -> float:
+    def _learn(self, m: _Meta, now: float, parent: int | None) -> float:
         """Account one access in the reuse classes; the log2 weight it contributes.
 
-        The class an access puts a block in is its access count (1, 2, 3, 4-7, 8+) and, from
-        the second access on, its gap since the previous one in half-lives (< 1/4, < 1,
-        more). The block's previous class is credited with a reuse; the weight is the share
-        of blocks that came back after entering the new class. Counts are halved every
-        65,536 accesses so the shares follow a changing workload.
+        The class an access puts a block in is its access count (1, 2, 3, 4-7, 8+) and one
+        more feature: from the second access on, the gap since the previous one in half-lives
+        (< 1/4, < 1, more); at first sight, what the prefix tree says of the block's parent
+        (none, seen once, 2-7 times, 8+ times: a new branch under a hot system prompt is
+        another kind than the tail of a brand-new chain). The block's previous class is
+        credited with a reuse; the weight is the share of blocks that came back after entering
+        the new class (at least 1/64). Counts are halved every 65,536 accesses so the shares
+        follow a changing workload.
         """
         if m.cls >= 0:
             self._cls_reuses[m.cls] += 1.0
@@ -231,6 +245,10 @@ class KvcastPolicy(CachePolicy):
         if c > 1:
             g = (now - m.last) / self._half_life
             cls += 1 if g < 0.25 else 2 if g < 1.0 else 3
+        elif parent is not None:
+            pm = self._meta.get(parent)
+            pc = pm.count if pm is not None else 0
+            cls += 1 if pc <= 1 else 2 if pc < 8 else 3
         m.cls = cls
         self._cls_entries[cls] += 1.0
         self._cls_samples += 1
@@ -280,7 +298,7 @@ class KvcastPolicy(CachePolicy):
         bit = 1 << (access.host & 63)
         lw = x + self._log_repeat if m.hosts & bit else x
         if self._learned:
-            lw += self._learn(m, access.time)
+            lw += self._learn(m, access.time, access.parent)
         m.hosts |= bit
         a = m.logs
         if a == _NEG_INF:

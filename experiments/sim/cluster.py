@@ -581,8 +581,13 @@ class ClusterSim:
             self._policy = make_policy(cfg.policy, capacity_bytes=cfg.sram_budget, **params)
         self._estimator: CachePolicy | None = None
         if cfg.pool_write == "demote-value":
+            # The residual value Q3's thresholds were set in: a decayed count of accesses
+            # (the learned weights make it a count of expected reuses, a different scale).
             self._estimator = make_policy(
-                "kvcast", capacity_bytes=self._chunk, demote_threshold=cfg.demote_threshold
+                "kvcast",
+                capacity_bytes=self._chunk,
+                demote_threshold=cfg.demote_threshold,
+                learned_weights=False,
             )
         self._load_s = 0.0 if cfg.instant_load else cfg.switch.load_s(self._chunk)
         self._cpu_free = 0.0

@@ -197,6 +197,25 @@ def test_kvcast_weighs_a_first_sighting_by_how_often_such_blocks_came_back() -> 
     assert score is not None and score > 0.95
 
 
+def test_kvcast_learns_which_branches_of_the_prefix_tree_come_back() -> None:
+    policy = KvcastPolicy(64 * B, half_life_s=60.0)
+    t = 0.0
+    for i in range(200):  # a branch under the hot root returns; its tail never does
+        policy.observe(acc(1, t))
+        policy.observe(acc(1000 + i, t, parent=1, pos=1))
+        policy.observe(acc(5000 + i, t, parent=1000 + i, pos=2))
+        policy.observe(acc(1, t + 0.5))
+        policy.observe(acc(1000 + i, t + 0.5, parent=1, pos=1))
+        t += 1.0
+    policy.observe(acc(1, t))
+    policy.observe(acc(1, t + 0.1))
+    policy.observe(acc(9000, t + 0.1, parent=1, pos=1))  # a new branch under the root
+    policy.observe(acc(9001, t + 0.1, parent=9000, pos=2))  # the tail of a new chain
+    branch, tail = policy.score(9000, t + 0.1), policy.score(9001, t + 0.1)
+    assert branch is not None and tail is not None
+    assert branch > 0.9 and tail < 0.05
+
+
 def test_kvcast_demotes_valuable_chunks_and_drops_stale_ones() -> None:
     policy = KvcastPolicy(1 * B, half_life_s=10.0, hysteresis=0.0, learned_weights=False)
     for i in range(8):
