@@ -167,10 +167,14 @@ def _print_table(w: Workload, table: dict[int, dict[str, float]]) -> None:
         "# ratio to optimum (prefix byte hit); 'kv/anchor': kvcast over the best of "
         f"{', '.join(ANCHORS)} (target {TARGET}); last column: the optimum's byte hit ratio"
     )
-    head = "".join(f"{lab:>14}" for lab in labels)
+    width = {lab: max(14, len(lab) + 2) for lab in labels}
+    head = "".join(f"{lab:>{width[lab]}}" for lab in labels)
     print("# " + "budget".rjust(6) + head + f"{'kv/anchor':>11}{'opt':>9}")
     for blocks, row in table.items():
-        cells = "".join(f"{row[lab]:>14.3f}" if lab in row else f"{'-':>14}" for lab in labels)
+        cells = "".join(
+            f"{row[lab]:>{width[lab]}.3f}" if lab in row else f"{'-':>{width[lab]}}"
+            for lab in labels
+        )
         present = [row[a] for a in ANCHORS if a in row]
         versus = (
             f"{row['kvcast'] / max(present):>11.3f}"
