@@ -73,7 +73,9 @@ def test_target_rows_compare_kvcast_with_the_best_anchor() -> None:
     w = zipf_prefix_workload(n_requests=20, n_documents=5, block_bytes=10)
     table = {8: {"kvcast": 0.9, "lru": 0.5, "arc": 0.75, "opt_byte_hit": 0.3}, 16: {"lru": 1.0}}
     (line,) = target_rows(w, table)
-    fields = parse_line(line)[1]
+    parsed = parse_line(line)
+    assert parsed is not None
+    fields = parsed[1]
     assert (fields["best_anchor"], fields["kvcast_over_best_anchor"]) == ("arc", "1.2")
     assert (fields["target"], fields["met"]) == ("1.15", "True")
 
