@@ -11,7 +11,9 @@ Importing this package registers every built-in policy:
 * ``sketch`` (:class:`~controlplane.policies.sketch.SketchPolicy`): NetCache-style count-min
   admission, least-hit eviction.
 * ``kvcast`` (:class:`~controlplane.policies.kvcast.KvcastPolicy`): decayed, host-weighted
-  value per SRAM byte, prefix-closed, with hysteresis; the controller's policy.
+  value per SRAM byte, each access weighted by the learned return rate of its class (access
+  count x reuse gap, or the parent's popularity in the prefix tree at first sight),
+  prefix-closed, with hysteresis; the controller's default policy.
 * ``belady`` (:class:`~controlplane.policies.belady.BeladyPolicy`): OFFLINE optimum for
   evaluation only (needs the future).
 
