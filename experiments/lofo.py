@@ -13,11 +13,13 @@ family F, the parameters are those with the best mean score over every workload 
 the **other** families; the reported number is their mean score on F. No parameter is ever set
 from the family it is reported on. The table also gives, per family, the best grid point on F
 itself (what tuning to the test family would have bought: the cost of not being allowed to)
-and, per policy, its worst family.
+and, per policy, its worst family. A second table compares kvcast with the best of the anchors
+(LRU, LFU, ARC, W-TinyLFU) case by case, per family and budget, against issue 14's 1.15x target
+and the ceiling no policy can pass (1 / the best anchor's score).
 
 Run: ``python -m experiments.lofo`` (``--quick``: one seed, smaller workloads, two budgets).
-Writes ``lofo.csv`` (every run) and ``lofo_table.csv`` under ``--out`` and prints the table and
-``result lofo ...`` lines.
+Writes ``lofo.csv`` (every run), ``lofo_table.csv`` and ``lofo_anchors.csv`` under ``--out``
+and prints both tables and ``result lofo ...`` / ``result lofo-anchors ...`` lines.
 
 Classes:
     Case: one workload at one budget.
