@@ -271,17 +271,58 @@ class SwitchProcess:
             ]
         else:
             raise ValueError(f"unknown switch kind {kind!r}")
+        self._cmd = cmd
+        self._device_id = device_id
+        self._p4info, self._device_config = p4info, device_config
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         self.client = P4RuntimeClient(self.address, device_id=device_id, election_id=10)
         try:
             self._wait_listening(30.0)
             if install:
-                self.client.connect()
-                self.client.set_pipeline(p4info, device_config)
+                self._install()
         except Exception:
             self.close()
             raise
+
+    def _install(self) -> None:
+        self.client.connect()
+        self.client.set_pipeline(self._p4info, self._device_config)
+
+    def restart(self, install: bool = False) -> None:
+        """A crash and a restart: SIGKILL, then the same command on the same ports and address.
+
+        The new process starts empty (no pipeline, tables, groups or SRAM), as a switch that
+        rebooted; whoever controls it must notice and re-program it.
+
+        Args:
+            install: also connect a fresh primary client (election id 10) and push the
+                pipeline (False: the controller is expected to do it).
+
+        Raises:
+            TargetUnavailableError: the new process did not open its gRPC port.
+        """
+        self.kill()
+        self.start_again(install)
+
+    def kill(self) -> None:
+        """Kills the process (SIGKILL: a crash, nothing flushed) and waits until it is gone."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.client.close()
+
+    def start_again(self, install: bool = False) -> None:
+        """Starts the killed process's command again (see :meth:`restart`)."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"{self.kind} is still running (pid {self.proc.pid})")
+        self.proc = subprocess.Popen(
+            self._cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO
+        )
+        self.client = P4RuntimeClient(self.address, device_id=self._device_id, election_id=10)
+        self._wait_listening(30.0)
+        if install:
+            self._install()
 
     def _wait_listening(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -354,6 +354,8 @@ class RunResult:
         controller: the controller's metrics at the end (``kvcast_controller_*`` samples).
         wall_s: seconds from the first dispatch to the last result.
         missing: requests whose agent gave no result.
+        restart: what a switch restart in the middle of the run did (empty: none), see
+            :func:`restart_outcome`.
     """
 
     name: str
@@ -363,6 +365,7 @@ class RunResult:
     controller: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     missing: int = 0
+    restart: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The run's summary row."""
@@ -406,6 +409,11 @@ class RunResult:
             "write_errors": int(m.get("write_errors", 0)),
             "reports": int(m.get("reports", 0)),
             "wall_s": round(self.wall_s, 2),
+            **{
+                f"restart_{k}": round(v, 3) if isinstance(v, float) else v
+                for k, v in self.restart.items()
+                if k != "killed_at"
+            },
         }
 
 
@@ -575,6 +583,122 @@ def _read_lines(stream: Any, sink: queue.Queue[tuple[str, str]], tag: str) -> No
     sink.put((tag, ""))
 
 
+class SwitchRestart:
+    """Kills the switch process in the middle of a run and watches the controller bring it back.
+
+    At ``t0 + after_s`` the switch process is killed (SIGKILL) and started again, empty, on the
+    same ports and P4Runtime address (:meth:`P4Switch.restart`); nobody re-programs it but the
+    controller daemon. The thread then polls the daemon's status API and records, in seconds
+    since the kill: when the daemon saw the switch go (``detect_s``), when the new process
+    listened (``up_s``), when the daemon had a new session on it, i.e. pipeline and base state
+    re-pushed (``resync_s``), and when it held again at least as many chunks as before the kill
+    (``reloaded_s``).
+
+    Args:
+        cluster: the running cluster.
+        status: the daemon's report client (its ``GET /v1/status``).
+        switch: the switch's name in the daemon's configuration.
+    """
+
+    def __init__(self, cluster: Cluster, status: ReportClient, switch: str = "s1") -> None:
+        self.cluster = cluster
+        self.status = status
+        self.switch = switch
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def _sw(self) -> dict[str, Any]:
+        code, doc = self.status.status()
+        sw: dict[str, Any] = doc.get("switches", {}).get(self.switch, {}) if code == 200 else {}
+        return sw
+
+    def start(self, at: float, timeout: float = 60.0) -> None:
+        """Restarts the switch at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at, timeout), name="switch-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events (see the class docstring)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float, timeout: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            before = self._sw()
+            gen0 = int(before.get("generation", 0))
+            ev["resident_before"] = int(before.get("resident_chunks", 0))
+            self.cluster.switch.kill()
+            killed = time.time()  # the process is gone: nothing it sends is after this
+            ev["killed_at"] = killed
+
+            def start_again() -> None:
+                try:
+                    self.cluster.switch.start_again(install=False)
+                    ev["up_s"] = time.time() - killed
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    ev["error"] = f"switch did not start again: {exc!r}"
+
+            # The daemon's view is polled while the new process starts, so that it is seen
+            # noticing the loss whenever it does.
+            starter = threading.Thread(target=start_again, name="switch-start", daemon=True)
+            starter.start()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and "error" not in ev:
+                sw = self._sw()
+                now = time.time() - killed
+                if "detect_s" not in ev and (
+                    sw.get("state") != "ready" or int(sw.get("generation", 0)) > gen0
+                ):
+                    ev["detect_s"] = now
+                if "resync_s" not in ev and sw.get("state") == "ready":
+                    if int(sw.get("generation", 0)) > gen0:
+                        ev["resync_s"] = now
+                        ev["generation"] = int(sw["generation"])
+                if "resync_s" in ev and int(sw.get("resident_chunks", 0)) >= ev["resident_before"]:
+                    ev["reloaded_s"] = now
+                    ev["resident_after"] = int(sw.get("resident_chunks", 0))
+                    break
+                time.sleep(0.02)
+            else:
+                ev.setdefault("error", f"not recovered within {timeout} s")
+            starter.join(timeout)
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"restart failed: {exc!r}"
+
+
+def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> dict[str, Any]:
+    """A switch restart's outcome from the watcher's events and the agents' rows.
+
+    Returns:
+        The events, plus: ``hits_return_s`` (kill to the end of the first request started
+        after it that was served a whole block from switch SRAM; None if none was), the
+        requests in flight between the kill and then (``requests_in_outage``), their blocks
+        that failed (``failed_blocks``, each recomputed, never wrong), fell back to the pool
+        and their retries, and the run's blocks that arrived with a wrong byte
+        (``wrong_bytes``, a stale or foreign slot served; must be 0).
+    """
+    out = dict(events)
+    killed = events.get("killed_at")
+    if killed is None:
+        return out
+    after = [r for r in rows if r["t_start"] >= killed]
+    hits = [r["t_done"] for r in after if r["blocks_hit"]]
+    back = min(hits) if hits else None
+    out["hits_return_s"] = None if back is None else back - killed
+    window = [r for r in rows if r["t_done"] >= killed and (back is None or r["t_start"] <= back)]
+    out["requests_in_outage"] = len(window)
+    out["failed_blocks"] = sum(r["failed"] for r in window)
+    out["fell_back"] = sum(r["fell_back"] for r in window)
+    out["retries"] = sum(r["retries"] for r in window)
+    out["wrong_bytes"] = sum(r["wrong_bytes"] for r in rows)
+    return out
+
+
 def run_replay(
     cluster: Cluster,
     mgmt: ManagementNetwork,
@@ -591,6 +715,7 @@ def run_replay(
     sram_budget_bytes: int | None = None,
     workdir: Path,
     progress: Callable[[str], None] = print,
+    restart_switch_after_s: float | None = None,
 ) -> RunResult:
     """One replay run on a running cluster whose pool node holds every block.
 
@@ -609,6 +734,8 @@ def run_replay(
         sram_budget_bytes: SRAM budget (None: all of it).
         workdir: where the controller's config and log go.
         progress: where progress lines go.
+        restart_switch_after_s: kill and restart the switch this long after the first
+            dispatch (:class:`SwitchRestart`); None: no restart.
 
     Returns:
         The run's result.
@@ -678,6 +805,11 @@ def run_replay(
         t0 = time.time() + 1.0
         first = requests[0].time if requests else 0.0
         progress(f"  {name}: {len(requests)} requests over {len(hosts)} hosts")
+        restart: SwitchRestart | None = None
+        if restart_switch_after_s is not None:
+            status = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
+            restart = SwitchRestart(cluster, status)
+            restart.start(t0 + restart_switch_after_s)
         for req in requests:
             at = t0 + (req.time - first) / speedup
             time.sleep(max(0.0, at - time.time() - 0.05))
@@ -722,6 +854,9 @@ def run_replay(
             if done % 100 == 0:
                 progress(f"  {name}: {done}/{len(requests)} done")
         result.wall_s = last - t0
+        if restart is not None:
+            result.restart = restart.join(timeout=90)
+            progress(f"  {name}: switch restart {result.restart}")
         time.sleep(2 * tick_s)  # the last reports reach a tick
         result.pool_tx_bytes = (
             _read_counter(cluster, pool.name, cluster.host(pool.name).defaultIntf().name) - tx0
@@ -730,6 +865,8 @@ def run_replay(
         result.controller = _metrics(metrics_port)
     result.rows.sort(key=lambda r: r["index"])
     result.missing = len(requests) - len(result.rows)
+    if result.restart:
+        result.restart = restart_outcome(result.rows, result.restart)
     return result
 
 
@@ -750,6 +887,7 @@ def run_experiment(
     sram_budget_bytes: int | None = None,
     runs: Sequence[str] = ("cache-off", "cache-on"),
     progress: Callable[[str], None] = print,
+    restart_switch_after_s: float | None = None,
 ) -> dict[str, RunResult]:
     """Both runs on one emulated cluster (cache off first: it leaves the switch cache empty).
 
@@ -769,6 +907,8 @@ def run_experiment(
         sram_budget_bytes: SRAM budget (None: all).
         runs: which runs, in order.
         progress: where progress lines go.
+        restart_switch_after_s: in the cache-on run, kill and restart the switch this long
+            after its first dispatch (None: never).
 
     Returns:
         The results by run name.
@@ -835,6 +975,7 @@ def run_experiment(
                     sram_budget_bytes=sram_budget_bytes,
                     workdir=workdir,
                     progress=progress,
+                    restart_switch_after_s=restart_switch_after_s if name == "cache-on" else None,
                 )
     return results
 
@@ -990,6 +1131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="host assignment seed")
     ap.add_argument("--runs", default="cache-off,cache-on")
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
+    ap.add_argument(
+        "--restart-switch-after",
+        type=float,
+        metavar="S",
+        help="kill and restart the switch S seconds into the cache-on run (the controller "
+        "must re-program it)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.trace is None:
@@ -1028,6 +1176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sram_budget_bytes=args.sram_budget,
         runs=runs,
         progress=lambda s: print(s, flush=True),
+        restart_switch_after_s=args.restart_switch_after,
     )
     paths = write_outputs(results, args.out)
     for r in results.values():

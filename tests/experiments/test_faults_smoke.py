@@ -64,3 +64,12 @@ def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Pat
     assert all(r["wrong_bytes"] == "0" for r in recs)
     assert all(int(r["completed"]) + int(r["refused"]) == int(r["attempted"]) for r in recs)
     assert "no netem" in (tmp_path / "faults.txt").read_text()
+    # The switch restart: the controller daemon brought it back, hits returned, no wrong byte.
+    import csv
+
+    with (tmp_path / "restarts.csv").open() as fh:
+        (restart,) = list(csv.DictReader(fh))
+    assert restart["error"] == "" and restart["wrong_bytes"] == "0"
+    assert restart["missing"] == "0"
+    assert restart["resync_s"] and restart["hits_return_s"]
+    assert int(restart["resident_after"]) >= int(restart["resident_before"])
