@@ -19,7 +19,9 @@ the daemon re-programs it. Per restart: seconds from the kill until the daemon n
 process listened again, the daemon had re-pushed pipeline and base state, the SRAM held as many
 chunks as before, and the first request after the kill was served from SRAM; requests and blocks
 caught in the outage (failed blocks are recomputed by their host, never wrong); blocks with a
-wrong byte (a stale slot served; must be 0).
+wrong byte (a stale slot served; must be 0). Then the same with the controller daemon killed
+(SIGKILL) and started again at once: the switch keeps serving meanwhile; the new daemon must
+adopt the chunks the old one left (no reload) and leave no orphan cache entry.
 
 Functions:
     run_campaign: every fault x mode point; the rows.
@@ -144,7 +146,7 @@ def run_restarts(
     after_s: float = 5.0,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """A trace replay on ``n`` hosts whose switch is killed and restarted ``after_s`` in.
+    """Trace replays on ``n`` hosts whose switch, then controller, is killed ``after_s`` in.
 
     Args:
         n: hosts.
@@ -153,7 +155,7 @@ def run_restarts(
         progress: where progress lines go.
 
     Returns:
-        One row (module docstring).
+        One row per restarted component (module docstring).
     """
     import json
 
@@ -168,47 +170,60 @@ def run_restarts(
         )
     )
     requests = plan_requests(trace, max_requests=RESTART_REQUESTS, hosts=n, seed=1)
-    progress(f"restarts: switch killed {after_s} s into a trace replay, N={n}")
-    results = run_experiment(
-        requests,
-        switch_cls=RefSwitch,
-        hosts=n,
-        block_bytes=1024,
-        speedup=1.0,
-        pool_mbit=20.0,
-        host_mbit=200.0,
-        tick_s=0.2,
-        runs=("cache-on",),
-        progress=lambda s: progress(f"  {s}"),
-        restart_switch_after_s=after_s,
-    )
-    run = results["cache-on"]
-    s = run.summary()
-    r = run.restart
-    return [
-        {
-            "component": "switch (SIGKILL, restarted empty)",
-            "n": n,
-            "requests": s["requests"],
-            "missing": s["missing"],
-            "blocks_fetched": s["blocks_fetched"],
-            "blocks_failed": s["failed_blocks"],
-            "wrong_bytes": s["wrong_bytes"],
-            "detect_s": r.get("detect_s"),
-            "up_s": r.get("up_s"),
-            "resync_s": r.get("resync_s"),
-            "reloaded_s": r.get("reloaded_s"),
-            "hits_return_s": r.get("hits_return_s"),
-            "resident_before": r.get("resident_before"),
-            "resident_after": r.get("resident_after"),
-            "requests_in_outage": r.get("requests_in_outage"),
-            "failed_in_outage": r.get("failed_blocks"),
-            "fell_back_in_outage": r.get("fell_back"),
-            "retries_in_outage": r.get("retries"),
-            "blocks_hit": s["blocks_hit"],
-            "error": r.get("error", ""),
-        }
-    ]
+    rows: list[dict[str, Any]] = []
+    for component, what in (
+        ("switch", "switch (SIGKILL, restarted empty)"),
+        ("controller", "controller daemon (SIGKILL, restarted)"),
+    ):
+        progress(f"restarts: {what} {after_s} s into a trace replay, N={n}")
+        try:
+            results = run_experiment(
+                requests,
+                switch_cls=RefSwitch,
+                hosts=n,
+                block_bytes=1024,
+                speedup=1.0,
+                pool_mbit=20.0,
+                host_mbit=200.0,
+                tick_s=0.2,
+                runs=("cache-on",),
+                progress=lambda s: progress(f"  {s}"),
+                restart_switch_after_s=after_s if component == "switch" else None,
+                restart_controller_after_s=after_s if component == "controller" else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded as the row's error
+            rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
+            continue
+        run = results["cache-on"]
+        s = run.summary()
+        r = run.restart
+        rows.append(
+            {
+                "component": what,
+                "n": n,
+                "requests": s["requests"],
+                "missing": s["missing"],
+                "blocks_fetched": s["blocks_fetched"],
+                "blocks_failed": s["failed_blocks"],
+                "wrong_bytes": s["wrong_bytes"],
+                "detect_s": r.get("detect_s"),
+                "up_s": r.get("up_s"),
+                "resync_s": r.get("resync_s"),
+                "reloaded_s": r.get("reloaded_s"),
+                "hits_return_s": r.get("hits_return_s"),
+                "resident_before": r.get("resident_before"),
+                "resident_after": r.get("resident_after"),
+                "switch_entries": r.get("switch_entries"),
+                "orphans": r.get("orphans"),
+                "requests_in_outage": r.get("requests_in_outage"),
+                "failed_in_outage": r.get("failed_blocks"),
+                "fell_back_in_outage": r.get("fell_back"),
+                "retries_in_outage": r.get("retries"),
+                "blocks_hit": s["blocks_hit"],
+                "error": r.get("error", ""),
+            }
+        )
+    return rows
 
 
 def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
@@ -220,7 +235,8 @@ def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
     keys = [
         "component", "requests", "blocks_fetched", "blocks_failed", "wrong_bytes",
         "requests_in_outage", "retries_in_outage", "fell_back_in_outage", "detect_s", "up_s",
-        "resync_s", "reloaded_s", "hits_return_s", "resident_before", "resident_after", "error",
+        "resync_s", "reloaded_s", "hits_return_s", "resident_before", "resident_after",
+        "orphans", "error",
     ]  # fmt: skip
     cells = [[f(r.get(k)) for k in keys] for r in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
@@ -307,15 +323,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables.append(
             format_restarts(
                 restarts,
-                f"Switch restart during a trace replay (N={n}, controller daemon re-programs it; "
-                "seconds after the kill)",
+                f"Restarts during a trace replay (N={n}, the controller daemon programs the "
+                "switch; seconds after the kill)",
             )
         )
     (args.out / "faults.txt").write_text("\n\n".join(tables) + "\n")
     print("\n\n".join(tables))
     print(f"wrote {args.out}/faults.txt and its CSVs in {time.monotonic() - t0:.0f} s")
     wrong = sum(r["wrong_bytes"] for r in rows) + sum(r.get("wrong_bytes") or 0 for r in restarts)
-    unrecovered = any(r.get("error") or r.get("hits_return_s") is None for r in restarts)
+    unrecovered = any(
+        r.get("error") or r.get("hits_return_s") is None or (r.get("orphans") or 0) > 0
+        for r in restarts
+    )
     return 1 if wrong or unrecovered else 0
 
 

@@ -507,46 +507,90 @@ def controller_config(
     return doc
 
 
-@contextlib.contextmanager
-def _controller(config: dict[str, Any], workdir: Path, report_port: int) -> Iterator[Path]:
-    """Runs the daemon as a process; yields its log path once its switch is READY."""
-    import yaml
+class ControllerProcess:
+    """The controller daemon as a process (``python -m controlplane run``), restartable.
 
-    path = workdir / "controller.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log_path = workdir / "controller.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "run", "--config", str(path)],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    Args:
+        config: the daemon's configuration (a mapping, dumped as YAML).
+        workdir: where its config and log go.
+        report_port: its report API port (the status is read there).
+    """
+
+    def __init__(self, config: dict[str, Any], workdir: Path, report_port: int) -> None:
+        import yaml
+
+        self.config_path = workdir / "controller.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "controller.log"
+        self.status = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Starts the daemon (its log is appended to)."""
+        with self.log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "controlplane", "run", "--config", str(self.config_path)],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+    def wait_ready(self, timeout: float = 60.0, after_generation: int = 0) -> dict[str, Any]:
+        """Waits until the daemon reports switch s1 READY (in a session past the given one).
+
+        Returns:
+            The switch's status.
+
+        Raises:
+            RuntimeError: the daemon exited or was not ready in time (its log's tail).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            code, doc = self.status.status()
+            sw = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
+            if sw.get("state") == "ready" and int(sw.get("generation", 0)) > after_generation:
+                return dict(sw)
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                exit_code = self.proc.poll() if self.proc else None
+                raise RuntimeError(
+                    f"controller not ready (exit {exit_code}, state {sw.get('state')}); its "
+                    f"log ends:\n{tail}"
+                )
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash (nothing flushed, no goodbye to the switch)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            client = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
-            deadline = time.monotonic() + 60
-            while True:
-                code, doc = client.status()
-                state = doc.get("switches", {}).get("s1", {}).get("state") if code == 200 else None
-                if state == "ready":
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    tail = log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(
-                        f"controller not ready (exit {proc.poll()}, state {state}); its log "
-                        f"ends:\n{tail}"
-                    )
-                time.sleep(0.2)
-            yield log_path
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def _controller(
+    config: dict[str, Any], workdir: Path, report_port: int
+) -> Iterator[ControllerProcess]:
+    """Runs the daemon as a process; yields it once its switch is READY."""
+    daemon = ControllerProcess(config, workdir, report_port)
+    daemon.start()
+    try:
+        daemon.wait_ready()
+        yield daemon
+    finally:
+        daemon.stop()
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -671,6 +715,85 @@ class SwitchRestart:
             ev["error"] = f"restart failed: {exc!r}"
 
 
+def cache_entries(address: str, device_id: int = 1) -> int:
+    """Entries in the switch's cache table, read without arbitration (a read needs none)."""
+    import grpc
+    from finsy.proto import p4r, p4r_grpc
+
+    from emulation.targets import load_p4info
+
+    (table_id,) = (
+        t.preamble.id
+        for t in load_p4info().tables
+        if t.preamble.name == c.TABLE_INGRESS_CACHE_CACHE_TABLE
+    )
+    request = p4r.ReadRequest(device_id=device_id)
+    request.entities.add().table_entry.table_id = table_id
+    with grpc.insecure_channel(address) as channel:
+        replies = p4r_grpc.P4RuntimeStub(channel).Read(request, timeout=10)
+        return sum(len(r.entities) for r in replies)
+
+
+class ControllerRestart:
+    """Kills the controller daemon in the middle of a run and starts it again at once.
+
+    The switch keeps its pipeline, tables and SRAM meanwhile. The new daemon must adopt what
+    the old one left (no chunk reloaded, no duplicate) and reconcile its tables (no orphan entry,
+    no stale slot). Records, in seconds since the kill: when the new daemon had a session on the
+    switch (``resync_s``); the chunks resident before the kill and after (``resident_before``,
+    ``resident_after``); the cache table's entries then (``switch_entries``) and the orphans
+    among them (``orphans``: entries the daemon does not hold, must be 0); and the daemon's
+    loads in its first session (``reloads``, from its metrics; adoption loads nothing).
+
+    Args:
+        daemon: the running daemon.
+        switch_address: the switch's P4Runtime address.
+        metrics_port: the daemon's metrics port.
+    """
+
+    def __init__(self, daemon: ControllerProcess, switch_address: str, metrics_port: int) -> None:
+        self.daemon = daemon
+        self.switch_address = switch_address
+        self.metrics_port = metrics_port
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, at: float) -> None:
+        """Restarts the daemon at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at,), name="controller-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            code, doc = self.daemon.status.status()
+            before = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
+            ev["resident_before"] = int(before.get("resident_chunks", 0))
+            self.daemon.kill()
+            killed = time.time()
+            ev["killed_at"] = killed
+            ev["switch_entries_at_kill"] = cache_entries(self.switch_address)
+            self.daemon.start()
+            sw = self.daemon.wait_ready()
+            ev["resync_s"] = time.time() - killed
+            ev["resident_after"] = int(sw.get("resident_chunks", 0))
+            entries = cache_entries(self.switch_address)
+            ev["switch_entries"] = entries
+            ev["orphans"] = max(0, entries - ev["resident_after"])
+            ev["reloads"] = int(_metrics(self.metrics_port).get("loads", 0))
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"controller restart failed: {exc!r}"
+
+
 def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> dict[str, Any]:
     """A switch restart's outcome from the watcher's events and the agents' rows.
 
@@ -716,6 +839,7 @@ def run_replay(
     workdir: Path,
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
+    restart_controller_after_s: float | None = None,
 ) -> RunResult:
     """One replay run on a running cluster whose pool node holds every block.
 
@@ -736,6 +860,8 @@ def run_replay(
         progress: where progress lines go.
         restart_switch_after_s: kill and restart the switch this long after the first
             dispatch (:class:`SwitchRestart`); None: no restart.
+        restart_controller_after_s: kill and restart the controller daemon this long after
+            the first dispatch (:class:`ControllerRestart`); None: no restart.
 
     Returns:
         The run's result.
@@ -763,7 +889,7 @@ def run_replay(
     pool = cluster.pools()[0]
     hosts = cluster.hosts()
     lines: queue.Queue[tuple[str, str]] = queue.Queue()
-    with _controller(config, run_dir, report_port), contextlib.ExitStack() as stack:
+    with _controller(config, run_dir, report_port) as daemon, contextlib.ExitStack() as stack:
         agents: dict[str, subprocess.Popen[str]] = {}
         for h in hosts:
             cmd = [
@@ -805,11 +931,14 @@ def run_replay(
         t0 = time.time() + 1.0
         first = requests[0].time if requests else 0.0
         progress(f"  {name}: {len(requests)} requests over {len(hosts)} hosts")
-        restart: SwitchRestart | None = None
+        restart: SwitchRestart | ControllerRestart | None = None
         if restart_switch_after_s is not None:
-            status = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
-            restart = SwitchRestart(cluster, status)
+            restart = SwitchRestart(cluster, daemon.status)
             restart.start(t0 + restart_switch_after_s)
+        elif restart_controller_after_s is not None:
+            address = cluster.switch.process.address if cluster.switch.process else ""
+            restart = ControllerRestart(daemon, address, metrics_port)
+            restart.start(t0 + restart_controller_after_s)
         for req in requests:
             at = t0 + (req.time - first) / speedup
             time.sleep(max(0.0, at - time.time() - 0.05))
@@ -856,7 +985,7 @@ def run_replay(
         result.wall_s = last - t0
         if restart is not None:
             result.restart = restart.join(timeout=90)
-            progress(f"  {name}: switch restart {result.restart}")
+            progress(f"  {name}: restart {result.restart}")
         time.sleep(2 * tick_s)  # the last reports reach a tick
         result.pool_tx_bytes = (
             _read_counter(cluster, pool.name, cluster.host(pool.name).defaultIntf().name) - tx0
@@ -888,6 +1017,7 @@ def run_experiment(
     runs: Sequence[str] = ("cache-off", "cache-on"),
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
+    restart_controller_after_s: float | None = None,
 ) -> dict[str, RunResult]:
     """Both runs on one emulated cluster (cache off first: it leaves the switch cache empty).
 
@@ -909,6 +1039,7 @@ def run_experiment(
         progress: where progress lines go.
         restart_switch_after_s: in the cache-on run, kill and restart the switch this long
             after its first dispatch (None: never).
+        restart_controller_after_s: the same for the controller daemon.
 
     Returns:
         The results by run name.
@@ -976,6 +1107,9 @@ def run_experiment(
                     workdir=workdir,
                     progress=progress,
                     restart_switch_after_s=restart_switch_after_s if name == "cache-on" else None,
+                    restart_controller_after_s=(
+                        restart_controller_after_s if name == "cache-on" else None
+                    ),
                 )
     return results
 
