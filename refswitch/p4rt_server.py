@@ -24,10 +24,11 @@ Behaviour worth knowing (PI's unless said otherwise):
     * The device config (p4_device_config) is empty, the program being built in
       (refswitch.pipeline), or the BMv2 JSON of the program the P4Info describes; anything else
       is INVALID_ARGUMENT, at VERIFY too (runtime.check_device_config).
-    * SetForwardingPipelineConfig: VERIFY checks the P4Info and device config; VERIFY_AND_SAVE keeps it for a
-      later COMMIT; VERIFY_AND_COMMIT installs it and clears all state; RECONCILE_AND_COMMIT
-      installs it keeping entries, groups and digest configs whose P4 ids still exist (and
-      fails with no change if one of them no longer validates); COMMIT installs the saved one.
+    * SetForwardingPipelineConfig: VERIFY checks the P4Info and device config; VERIFY_AND_SAVE
+      keeps it for a later COMMIT; VERIFY_AND_COMMIT installs it and clears all state;
+      RECONCILE_AND_COMMIT installs it keeping entries, groups and digest configs whose P4 ids
+      still exist (and fails with no change if one of them no longer validates); COMMIT
+      installs the saved one.
     * Only the default (empty) role; arbitration with another role is UNIMPLEMENTED.
     * Reads: a table entry read with a match returns that entry or nothing; wildcard reads of
       digest entries and of direct counters over all tables are served (PI refuses them);
