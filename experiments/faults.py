@@ -9,7 +9,8 @@ retries, timeouts, repairs and pool egress.
 
 The faults are injected by the reference target's own impairment stage (refswitch.impair) on
 every frame it sends to a data port, because this machine's kernel has no netem: each frame is
-independently lost, corrupted (one payload bit), duplicated or sent after the next one. BMv2 has
+independently lost, corrupted (one payload bit), duplicated, sent after the next one, or delayed
+by a random 0-5 ms (jitter). BMv2 has
 no such stage, so the campaign always runs the reference target.
 
 Then the restarts (``restarts.csv``): a trace replay whose hosts share a prefix, with the real
@@ -54,6 +55,7 @@ FAULTS: list[tuple[str, str]] = [
     ("duplicate 1%", "dup=0.01"),
     ("corrupt 1%", "corrupt=0.01"),
     ("reorder 5%", "reorder=0.05"),
+    ("jitter 0-5 ms", "jitter=0.005"),
 ]
 QUICK_FAULTS = ["none", "loss 1%", "corrupt 1%"]
 MODES = ["a", "b", "c", "d"]
@@ -298,8 +300,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="on",
         help="the switch restart run (restarts.csv): after the faults, not at all, or alone",
     )
+    ap.add_argument(
+        "--faults",
+        help="comma-separated fault names to run (default: all; 'none' is always run first), "
+        f"from: {', '.join(f for f, _ in FAULTS)}",
+    )
     args = ap.parse_args(argv)
     faults = [f for f in FAULTS if not args.quick or f[0] in QUICK_FAULTS]
+    if args.faults:
+        wanted = {"none", *(w.strip() for w in args.faults.split(","))}
+        unknown = wanted - {f for f, _ in FAULTS}
+        if unknown:
+            ap.error(f"unknown fault(s) {sorted(unknown)}")
+        faults = [f for f in faults if f[0] in wanted]
     n, kib = (2, 32) if args.quick else (args.n, args.prefix_kib)
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)

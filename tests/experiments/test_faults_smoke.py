@@ -20,7 +20,8 @@ def test_impairment_specs_parse_and_refuse_nonsense() -> None:
         "loss=0.01,reorder=0.05",
     )
     assert str(ImpairSpec.parse("")) == "none"
-    for bad in ("loss=2", "jitter=0.1", "loss"):
+    assert ImpairSpec.parse("jitter=0.005").jitter == 0.005
+    for bad in ("loss=2", "jitter=2", "delay=0.1", "loss"):
         with pytest.raises(ValueError):
             ImpairSpec.parse(bad)
 
@@ -45,6 +46,25 @@ def test_the_impairment_stage_does_what_it_says() -> None:
         assert (
             len(diff) == 1 and diff[0] >= 42 and bin(f[diff[0]] ^ original[diff[0]]).count("1") == 1
         )
+
+
+def test_jitter_delays_each_frame_within_its_bound_and_loses_none() -> None:
+    now = [0.0]
+    sent: list[tuple[float, bytes]] = []
+    imp = Impairment(ImpairSpec(jitter=0.01, seed=2), clock=lambda: now[0])
+    frames = [i.to_bytes(2, "big") * 40 for i in range(500)]
+    sent_at: dict[bytes, float] = {}
+    for f in frames:
+        sent_at[f] = now[0]
+        imp.send(1, f, lambda _port, frame: sent.append((now[0], frame)))
+        now[0] += 0.001
+    while imp.next_due() is not None:
+        now[0] += imp.next_due() or 0.0
+        imp.release_due(lambda _port, frame: sent.append((now[0], frame)))
+    assert sorted(f for _, f in sent) == sorted(frames)  # none lost, none repeated
+    assert all(0.0 <= t - sent_at[f] <= 0.01 + 0.001 for t, f in sent)
+    assert [f for _, f in sent] != frames  # delays that cross reorder, as netem's jitter
+    assert imp.counts["delayed"] == 500
 
 
 @pytest.mark.slow
