@@ -89,6 +89,13 @@ GAP_FRAGMENTS = 64
 # The timeout never goes below the client's first timeout, so without this one lost fragment
 # costs the whole fetch that timeout.
 FAST_REORDER_GETS = 3
+# A follower whose stream has reached its tail (within GAP_FRAGMENTS of the end) and then gone
+# quiet for QUIET_FACTOR times its mean fragment spacing (at least QUIET_MIN_S, at most the
+# stall time) takes the stream as ended and repairs the tail's losses at once: nothing after a
+# lost last fragment would tell it the stream went past it, and the stall is long (it must
+# outlast the leader's longest GET timeout).
+QUIET_FACTOR = 16
+QUIET_MIN_S = 0.005
 # At the tail of a fetch no later GET can overtake a lost one: a first-try GET unanswered for
 # this many smoothed round trips plus four deviations (at least TAIL_PROBE_MIN_S) is sent again
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
@@ -268,6 +275,7 @@ class _State:
     direct_done: bool = False
     stall_s: float = 0.0
     last_progress: float = 0.0
+    started: float = 0.0
     answered: int = -1
     """The latest-sent GET of this fetch that has been answered (its offset from rid_base)."""
     fast_seen: int = -1
@@ -632,7 +640,7 @@ class FetchClient:
         report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
         st.rid_base = self._next_req
-        st.last_progress = time.monotonic()
+        st.last_progress = st.started = time.monotonic()
         st.rto = self.timeout_s
         return st
 
@@ -703,6 +711,15 @@ class FetchClient:
                 # brought the chunk's last fragment, every gap is behind it.
                 high = st.stream_high
                 behind = st.n if high >= st.n else high - self.gap_fragments
+                if behind < st.n and high >= st.n - self.gap_fragments:
+                    # In the tail: a stream gone quiet has ended (see QUIET_FACTOR).
+                    got = st.report.frags_stream
+                    spacing = (st.last_progress - st.started) / got if got else st.stall_s
+                    quiet = min(st.stall_s, max(QUIET_MIN_S, QUIET_FACTOR * spacing))
+                    if now >= st.last_progress + quiet:
+                        behind = st.n
+                    else:
+                        wake = min(wake, st.last_progress + quiet)
                 if behind > 0 or st.inflight:
                     if now >= st.next_check:
                         self._expire(st, now)
