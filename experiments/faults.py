@@ -22,7 +22,9 @@ chunks as before, and the first request after the kill was served from SRAM; req
 caught in the outage (failed blocks are recomputed by their host, never wrong); blocks with a
 wrong byte (a stale slot served; must be 0). Then the same with the controller daemon killed
 (SIGKILL) and started again at once: the switch keeps serving meanwhile; the new daemon must
-adopt the chunks the old one left (no reload) and leave no orphan cache entry.
+adopt the chunks the old one left (no reload) and leave no orphan cache entry. Then the pool
+node (its store preloaded again on start): hits go on, requests for blocks not in SRAM retry,
+fall back or are recomputed, and the pool must answer again (``pool_return_s``).
 
 Functions:
     run_campaign: every fault x mode point; the rows.
@@ -139,7 +141,9 @@ def run_campaign(
 
 RESTART_REQUESTS = 60
 RESTART_SHARED = 3
-"""Requests of the restart run (one every 0.25 s) and the blocks every one of them starts with."""
+"""Requests of the restart run (one every 0.25 s) and the blocks every one of them starts with;
+each request then has a block of its own that the next request uses once more (fetched, mostly
+from the pool: the policy has seen it once)."""
 
 
 def run_restarts(
@@ -166,7 +170,9 @@ def run_restarts(
     trace = tmp / "restart-trace.jsonl"
     trace.write_text(
         "".join(
-            json.dumps({"timestamp": 250 * i, "hash_ids": [*range(1, RESTART_SHARED + 1), 100 + i]})
+            json.dumps(
+                {"timestamp": 250 * i, "hash_ids": [*range(1, RESTART_SHARED + 1), 100 + i // 2]}
+            )
             + "\n"
             for i in range(RESTART_REQUESTS)
         )
@@ -176,6 +182,7 @@ def run_restarts(
     for component, what in (
         ("switch", "switch (SIGKILL, restarted empty)"),
         ("controller", "controller daemon (SIGKILL, restarted)"),
+        ("pool", "pool node (SIGKILL, restarted)"),
     ):
         progress(f"restarts: {what} {after_s} s into a trace replay, N={n}")
         try:
@@ -192,6 +199,7 @@ def run_restarts(
                 progress=lambda s: progress(f"  {s}"),
                 restart_switch_after_s=after_s if component == "switch" else None,
                 restart_controller_after_s=after_s if component == "controller" else None,
+                restart_pool_after_s=after_s if component == "pool" else None,
             )
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error
             rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
@@ -213,6 +221,7 @@ def run_restarts(
                 "resync_s": r.get("resync_s"),
                 "reloaded_s": r.get("reloaded_s"),
                 "hits_return_s": r.get("hits_return_s"),
+                "pool_return_s": r.get("pool_return_s"),
                 "resident_before": r.get("resident_before"),
                 "resident_after": r.get("resident_after"),
                 "switch_entries": r.get("switch_entries"),
@@ -237,8 +246,8 @@ def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
     keys = [
         "component", "requests", "blocks_fetched", "blocks_failed", "wrong_bytes",
         "requests_in_outage", "retries_in_outage", "fell_back_in_outage", "detect_s", "up_s",
-        "resync_s", "reloaded_s", "hits_return_s", "resident_before", "resident_after",
-        "orphans", "error",
+        "resync_s", "reloaded_s", "hits_return_s", "pool_return_s", "resident_before",
+        "resident_after", "orphans", "error",
     ]  # fmt: skip
     cells = [[f(r.get(k)) for k in keys] for r in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
@@ -345,7 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out}/faults.txt and its CSVs in {time.monotonic() - t0:.0f} s")
     wrong = sum(r["wrong_bytes"] for r in rows) + sum(r.get("wrong_bytes") or 0 for r in restarts)
     unrecovered = any(
-        r.get("error") or r.get("hits_return_s") is None or (r.get("orphans") or 0) > 0
+        r.get("error")
+        or r.get("hits_return_s") is None
+        or (r.get("orphans") or 0) > 0
+        or (r["component"].startswith("pool") and r.get("pool_return_s") is None)
         for r in restarts
     )
     return 1 if wrong or unrecovered else 0

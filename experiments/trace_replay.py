@@ -715,6 +715,85 @@ class SwitchRestart:
             ev["error"] = f"restart failed: {exc!r}"
 
 
+class PoolProcess:
+    """The pool node's server in its namespace, restartable (it preloads its blocks each start).
+
+    Args:
+        cluster: the running cluster.
+        node: the pool node's name.
+        cmd: its command (``python -m poolnode ...``).
+    """
+
+    def __init__(self, cluster: Cluster, node: str, cmd: list[str]) -> None:
+        self.cluster, self.node, self.cmd = cluster, node, cmd
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Starts it and waits for ``poolnode listening``."""
+        self.proc = self.cluster.host(self.node).popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO)
+        )
+        _wait_for_line(self.proc, "poolnode listening", timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Stops it (SIGTERM, then SIGKILL)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PoolRestart:
+    """Kills the pool node in the middle of a run and starts it again at once.
+
+    Records the seconds from the kill until the new process listens (``up_s``); the agents'
+    rows give when the pool answered again (:func:`restart_outcome`).
+
+    Args:
+        pool: the pool node's process.
+    """
+
+    def __init__(self, pool: PoolProcess) -> None:
+        self.pool = pool
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, at: float) -> None:
+        """Restarts the pool node at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at,), name="pool-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            self.pool.kill()
+            killed = time.time()
+            ev["killed_at"] = killed
+            self.pool.start()
+            ev["up_s"] = time.time() - killed
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"pool restart failed: {exc!r}"
+
+
 def cache_entries(address: str, device_id: int = 1) -> int:
     """Entries in the switch's cache table, read without arbitration (a read needs none)."""
     import grpc
@@ -803,7 +882,8 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
         requests in flight between the kill and then (``requests_in_outage``), their blocks
         that failed (``failed_blocks``, each recomputed, never wrong), fell back to the pool
         and their retries, and the run's blocks that arrived with a wrong byte
-        (``wrong_bytes``, a stale or foreign slot served; must be 0).
+        (``wrong_bytes``, a stale or foreign slot served; must be 0); ``pool_return_s``: kill
+        to the end of the first request started after it that the pool served a fragment of.
     """
     out = dict(events)
     killed = events.get("killed_at")
@@ -819,6 +899,8 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
     out["fell_back"] = sum(r["fell_back"] for r in window)
     out["retries"] = sum(r["retries"] for r in window)
     out["wrong_bytes"] = sum(r["wrong_bytes"] for r in rows)
+    served = [r["t_done"] for r in after if r["frags_pool"] and not r["failed"]]
+    out["pool_return_s"] = min(served) - killed if served else None
     return out
 
 
@@ -840,6 +922,8 @@ def run_replay(
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
     restart_controller_after_s: float | None = None,
+    pool_node: PoolProcess | None = None,
+    restart_pool_after_s: float | None = None,
 ) -> RunResult:
     """One replay run on a running cluster whose pool node holds every block.
 
@@ -862,6 +946,9 @@ def run_replay(
             dispatch (:class:`SwitchRestart`); None: no restart.
         restart_controller_after_s: kill and restart the controller daemon this long after
             the first dispatch (:class:`ControllerRestart`); None: no restart.
+        pool_node: the pool node's process (needed to restart it).
+        restart_pool_after_s: kill and restart the pool node this long after the first
+            dispatch (:class:`PoolRestart`); None: no restart.
 
     Returns:
         The run's result.
@@ -931,7 +1018,7 @@ def run_replay(
         t0 = time.time() + 1.0
         first = requests[0].time if requests else 0.0
         progress(f"  {name}: {len(requests)} requests over {len(hosts)} hosts")
-        restart: SwitchRestart | ControllerRestart | None = None
+        restart: SwitchRestart | ControllerRestart | PoolRestart | None = None
         if restart_switch_after_s is not None:
             restart = SwitchRestart(cluster, daemon.status)
             restart.start(t0 + restart_switch_after_s)
@@ -939,6 +1026,11 @@ def run_replay(
             address = cluster.switch.process.address if cluster.switch.process else ""
             restart = ControllerRestart(daemon, address, metrics_port)
             restart.start(t0 + restart_controller_after_s)
+        elif restart_pool_after_s is not None:
+            if pool_node is None:
+                raise ValueError("restart_pool_after_s needs the pool node's process")
+            restart = PoolRestart(pool_node)
+            restart.start(t0 + restart_pool_after_s)
         for req in requests:
             at = t0 + (req.time - first) / speedup
             time.sleep(max(0.0, at - time.time() - 0.05))
@@ -1018,6 +1110,7 @@ def run_experiment(
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
     restart_controller_after_s: float | None = None,
+    restart_pool_after_s: float | None = None,
 ) -> dict[str, RunResult]:
     """Both runs on one emulated cluster (cache off first: it leaves the switch cache empty).
 
@@ -1040,6 +1133,7 @@ def run_experiment(
         restart_switch_after_s: in the cache-on run, kill and restart the switch this long
             after its first dispatch (None: never).
         restart_controller_after_s: the same for the controller daemon.
+        restart_pool_after_s: the same for the pool node.
 
     Returns:
         The results by run name.
@@ -1073,18 +1167,9 @@ def run_experiment(
             "--port", str(c.KVP_UDP_PORT), "--cache-mib", "0",
             *[a for k in blocks for a in ("--preload", f"{TENANT}:{k:#x}:{block_bytes}:{SEED}")],
         ]  # fmt: skip
-        with (
-            ManagementNetwork(cluster, names) as mgmt,
-            cluster.popen(
-                pool.name,
-                pool_cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=str(REPO),
-            ) as pool_proc,
-        ):
-            _wait_for_line(pool_proc, "poolnode listening", 120)
+        pool_node = PoolProcess(cluster, pool.name, pool_cmd)
+        with ManagementNetwork(cluster, names) as mgmt, contextlib.closing(pool_node):
+            pool_node.start()
             progress(
                 f"trace_replay: switch={cluster.switch_cls.kind} hosts={hosts} "
                 f"requests={len(requests)} blocks={len(blocks)} block_bytes={block_bytes} "
@@ -1110,6 +1195,8 @@ def run_experiment(
                     restart_controller_after_s=(
                         restart_controller_after_s if name == "cache-on" else None
                     ),
+                    pool_node=pool_node,
+                    restart_pool_after_s=restart_pool_after_s if name == "cache-on" else None,
                 )
     return results
 
