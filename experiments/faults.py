@@ -24,7 +24,9 @@ wrong byte (a stale slot served; must be 0). Then the same with the controller d
 (SIGKILL) and started again at once: the switch keeps serving meanwhile; the new daemon must
 adopt the chunks the old one left (no reload) and leave no orphan cache entry. Then the pool
 node (its store preloaded again on start): hits go on, requests for blocks not in SRAM retry,
-fall back or are recomputed, and the pool must answer again (``pool_return_s``).
+fall back or are recomputed, and the pool must serve again (``up_s``: it listens once its
+blocks are loaded; ``pool_return_s``: the first request after the kill that it served, where one
+needed it).
 
 Functions:
     run_campaign: every fault x mode point; the rows.
@@ -357,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         r.get("error")
         or r.get("hits_return_s") is None
         or (r.get("orphans") or 0) > 0
-        or (r["component"].startswith("pool") and r.get("pool_return_s") is None)
+        or (r["component"].startswith("pool") and r.get("up_s") is None)
         for r in restarts
     )
     return 1 if wrong or unrecovered else 0
