@@ -863,7 +863,8 @@ class FetchClient:
             if (rid - base) & 0xFFFFFFFF >= limit:
                 continue
             if any(tries[f] for f in range(g[0], g[0] + g[1])):
-                continue  # a retry already: its own timeout decides
+                continue  # a retry already: its timeout (with backoff) decides; fast
+                # retransmits of retries exhaust max_retries at 20 % loss and refuse fetches
             if now < g[3] + wait:
                 due = min(due, g[3] + wait)
                 continue
