@@ -306,16 +306,20 @@ class SwitchProcess:
         self.start_again(install)
 
     def kill(self) -> None:
-        """Kills the process (SIGKILL: a crash, nothing flushed) and waits until it is gone."""
+        """Kills the process (SIGKILL: a crash, nothing flushed) and waits until it is gone.
+
+        The client stays open, as after a real crash: its next call fails with
+        P4RuntimeClientError (UNAVAILABLE), which its users handle.
+        """
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.client.close()
 
     def start_again(self, install: bool = False) -> None:
         """Starts the killed process's command again (see :meth:`restart`)."""
         if self.proc.poll() is None:
             raise RuntimeError(f"{self.kind} is still running (pid {self.proc.pid})")
+        self.client.close()
         self.proc = subprocess.Popen(
             self._cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO
         )

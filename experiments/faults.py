@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -139,6 +140,58 @@ def run_campaign(
                 clean[point.mode] = max(point.times)
             rows.append(_row(fault, impair, point, clean))
     return rows
+
+
+KILL_PREFIX_KIB = 512
+KILL_AFTER_S = 0.5
+"""The incast point during which the switch is killed: a 512 KiB prefix in mode a takes about
+1 s on the 20 Mbit/s pool link, so 0.5 s after the point starts its fetches are in flight."""
+
+
+def run_incast_kill(n: int, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Modes a and c twice each; the switch is killed (SIGKILL) during the first point's fetches.
+
+    The sweep finds it dead after that point, starts it again and re-programs it (the incast's
+    own client is its controller), and goes on: the points after it must complete.
+
+    Returns:
+        One row per point, as :func:`run_campaign`'s, under the fault ``switch killed``.
+    """
+    spec = ClusterSpec(
+        n_hosts=n,
+        n_pools=1,
+        host_link=LinkSpec(bw_mbit=200),
+        pool_link=LinkSpec(bw_mbit=20),
+        tenants=(TENANT,),
+    )
+    backend = "mooncake" if find_master_binary() else "memory"
+    timers: list[threading.Timer] = []
+
+    def kill_during_first(cluster: Any, point: int) -> None:
+        if point == 1:
+            timer = threading.Timer(KILL_AFTER_S, cluster.switch.kill)
+            timers.append(timer)
+            timer.start()
+
+    progress(f"faults: switch killed {KILL_AFTER_S} s into an incast point, N={n}")
+    try:
+        points = run_sweep(
+            spec,
+            RefSwitch,
+            ["a", "c"],
+            [n],
+            [KILL_PREFIX_KIB * 1024],
+            repeats=2,
+            progress=lambda s: progress(f"  {s}"),
+            pool_backend=backend,
+            on_point=kill_during_first,
+        )
+    except Exception as exc:  # noqa: BLE001 - recorded as rows
+        points = [PointResult("a", n, KILL_PREFIX_KIB * 1024, error=f"run failed: {exc!r}")]
+    finally:
+        for timer in timers:
+            timer.cancel()
+    return [_row("switch killed", "SIGKILL, restarted", p, {}) for p in points]
 
 
 RESTART_REQUESTS = 60
@@ -338,7 +391,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables.append(format_rows(rows, title))
         write_csv(args.out / "faults.csv", rows)
     restarts: list[dict[str, Any]] = []
+    kill_rows: list[dict[str, Any]] = []
     if args.restarts != "off":
+        kill_rows = run_incast_kill(n)
+        write_csv(args.out / "switch-kill.csv", kill_rows)
+        tables.append(
+            format_rows(
+                kill_rows,
+                f"Incast with the switch killed during the first point's fetches (N={n}, "
+                f"{KILL_PREFIX_KIB} KiB; modes a, c, a, c)",
+            )
+        )
+        rows += kill_rows
         try:
             restarts = run_restarts(n, args.out)
         except Exception as exc:  # noqa: BLE001 - the run is recorded, the tables still written
@@ -361,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         or (r.get("orphans") or 0) > 0
         or (r["component"].startswith("pool") and r.get("up_s") is None)
         for r in restarts
-    )
+    ) or any(r["completed"] < r["attempted"] for r in kill_rows[1:])
+    unrecovered = unrecovered or (args.restarts != "off" and len(kill_rows) < 2)
     return 1 if wrong or unrecovered else 0
 
 

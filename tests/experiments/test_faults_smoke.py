@@ -98,3 +98,9 @@ def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Pat
     assert int(switch["resident_after"]) >= int(switch["resident_before"]), switch
     assert controller["orphans"] == "0"
     assert pool["up_s"]  # listening again, its blocks loaded
+    # The switch killed during an incast point: that point refused cleanly, the sweep restarted
+    # and re-programmed the switch, and every later point completed.
+    with (tmp_path / "switch-kill.csv").open() as fh:
+        killed, *later = list(csv.DictReader(fh))
+    assert killed["wrong_bytes"] == "0" and "restarted and re-programmed" in killed["error"]
+    assert len(later) == 3 and all(r["completed"] == r["attempted"] for r in later), later
