@@ -13,24 +13,27 @@ independently lost, corrupted (one payload bit), duplicated, sent after the next
 by a random 0-5 ms (jitter). BMv2 has
 no such stage, so the campaign always runs the reference target.
 
-Then the restarts (``restarts.csv``): a trace replay whose hosts share a prefix, with the real
-controller daemon programming the switch and loading its SRAM (experiments.trace_replay), and
-the switch process killed (SIGKILL) and started again, empty, in the middle of it. Nobody but
-the daemon re-programs it. Per restart: seconds from the kill until the daemon noticed, the
-process listened again, the daemon had re-pushed pipeline and base state, the SRAM held as many
-chunks as before, and the first request after the kill was served from SRAM; requests and blocks
-caught in the outage (failed blocks are recomputed by their host, never wrong); blocks with a
-wrong byte (a stale slot served; must be 0). Then the same with the controller daemon killed
-(SIGKILL) and started again at once: the switch keeps serving meanwhile; the new daemon must
-adopt the chunks the old one left (no reload) and leave no orphan cache entry. Then the pool
-node (its store preloaded again on start): hits go on, requests for blocks not in SRAM retry,
-fall back or are recomputed, and the pool must serve again (``up_s``: it listens once its
-blocks are loaded; ``pool_return_s``: the first request after the kill that it served, where one
-needed it).
+Then the incast with the switch killed (SIGKILL) during its first point's fetches
+(``switch-kill.csv``): the sweep restarts and re-programs it, and the later points must
+complete. Then the restarts (``restarts.csv``): a trace replay whose hosts share a prefix, with
+the real controller daemon programming the switch and loading its SRAM
+(experiments.trace_replay), and the switch process killed (SIGKILL) and started again, empty, in
+the middle of it. Nobody but the daemon re-programs it. Per restart: seconds from the kill until
+the daemon noticed, the process listened again, the daemon had re-pushed pipeline and base
+state, the SRAM held as many chunks as before, and the first request after the kill was served
+from SRAM; requests and blocks caught in the outage (failed blocks are recomputed by their host,
+never wrong); blocks with a wrong byte (a stale slot served; must be 0). Then the same with the
+controller daemon killed (SIGKILL) and started again at once: the switch keeps serving
+meanwhile; the new daemon must adopt the chunks the old one left (no reload) and leave no orphan
+cache entry. Then the pool node (its store preloaded again on start): hits go on, requests for
+blocks not in SRAM retry, fall back or are recomputed, and the pool must serve again (``up_s``:
+it listens once its blocks are loaded; ``pool_return_s``: the first request after the kill that
+it served, where one needed it).
 
 Functions:
     run_campaign: every fault x mode point; the rows.
-    run_restarts: the switch restart during a trace replay; its row.
+    run_incast_kill: the incast with the switch killed mid-fetch; its rows.
+    run_restarts: switch, controller and pool node restarts during a trace replay; their rows.
     format_rows: the rows as an aligned table.
     main: command-line entry point.
 """
