@@ -55,7 +55,8 @@ constants:
 bench: setup
 	$(PY) -m benchmarks
 
-## faults: the incast modes under loss, duplication, corruption and reordering (docs/reliability.md)
+## faults: the incast modes under loss, duplication, corruption, reordering and jitter, then the
+## switch, controller and pool node killed during a trace replay (docs/reliability.md)
 faults: setup
 	$(PY) -m experiments.faults --out results/faults
 

@@ -251,6 +251,21 @@ class Cluster:
                 {"pool_ip": _ip(owner.ip)},
             )
 
+    def switch_alive(self) -> bool:
+        """Whether the switch process is still running."""
+        process = self.switch.process
+        return process is not None and process.proc.poll() is None
+
+    def restart_switch(self) -> None:
+        """Starts a dead (or running: killed first) switch again and programs it as at start.
+
+        The experiments' own client is the incast's controller: after a restart it pushes the
+        pipeline and the forwarding, port, pool-owner and replica tables again. Groups and SRAM
+        contents are per point, so the next point writes its own.
+        """
+        self.switch.restart(install=True)
+        self._program_switch()
+
     def add_group(self, group_id: int, hosts: list[str]) -> None:
         """Creates multicast group ``group_id`` over the named GPU hosts (replica id = port).
 

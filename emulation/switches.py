@@ -67,6 +67,24 @@ class P4Switch(Switch):  # type: ignore[misc]
             self.kind, self.interface_args(), self.log_dir / "switch.log", impair=self.impair
         )
 
+    def restart(self, install: bool = False) -> None:
+        """Kills the switch process and starts it again, empty (see SwitchProcess.restart)."""
+        if self.process is None:
+            raise RuntimeError(f"switch {self.name} is not started")
+        self.process.restart(install=install)
+
+    def kill(self) -> None:
+        """Kills the switch process (SIGKILL); :meth:`start_again` brings it back empty."""
+        if self.process is None:
+            raise RuntimeError(f"switch {self.name} is not started")
+        self.process.kill()
+
+    def start_again(self, install: bool = False) -> None:
+        """Starts the killed switch process again on the same ports and address."""
+        if self.process is None:
+            raise RuntimeError(f"switch {self.name} is not started")
+        self.process.start_again(install=install)
+
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's signature
         """Stops the process, removes its log directory, then the interfaces."""
         if self.process is not None:

@@ -13,6 +13,7 @@ Classes:
 
 Functions:
     bmv2_binary, p4c_binary: where BMv2 and p4c are installed, or None.
+    p4runtime_shell_python: a Python with p4runtime-shell (its own venv), or None.
     load_p4info: the committed P4Info of the program.
 """
 
@@ -41,6 +42,8 @@ BMV2_JSON_PATH = BUILD / "kvcast.json"
 OPT_BIN = Path("/opt/p4/bin")
 # p4c built with its Tofino backend installs under its own prefix (docs/tofino.md).
 OPT_TOFINO = Path("/opt/p4-tofino")
+# p4runtime-shell's venv where it was installed by hand (docs/controlplane.md).
+P4RT_SHELL_VENV = Path("/opt/p4rt-shell-venv")
 # Where TNA's include files (tna.p4) may be: $KVCAST_TNA_INCLUDE first, then the Tofino build's
 # install prefix, then p4c's source tree where p4c was built from source under /opt/src.
 TNA_INCLUDE_CANDIDATES = (
@@ -91,6 +94,25 @@ def tna_include_dir() -> Path | None:
     for directory in ((Path(env),) if env else ()) + TNA_INCLUDE_CANDIDATES:
         if (directory / "tna.p4").is_file():
             return directory
+    return None
+
+
+def p4runtime_shell_python() -> str | None:
+    """A Python that imports p4runtime-shell (in its own venv: it pins protobuf < 3.21), or None.
+
+    Looked for in ``$KVCAST_P4RT_SHELL_PYTHON``, then the venv scripts/setup.sh makes
+    (``.venv-p4rt-shell``), then ``/opt/p4rt-shell-venv``.
+    """
+    env = os.environ.get("KVCAST_P4RT_SHELL_PYTHON")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO / ".venv-p4rt-shell" / "bin" / "python", P4RT_SHELL_VENV / "bin" / "python"]
+    for python in candidates:
+        if python.exists():
+            probe = subprocess.run(
+                [str(python), "-c", "import p4runtime_sh.shell"], capture_output=True
+            )
+            if probe.returncode == 0:
+                return str(python)
     return None
 
 
@@ -190,6 +212,8 @@ class SwitchProcess:
         impair: faults the reference target injects into the frames it sends
             (``refswitch --impair``, e.g. ``"loss=0.01,seed=3"``); empty: none. BMv2 has no
             such stage.
+        install: connect the primary client and install the pipeline; False: only start the
+            process and wait for its gRPC port (for a foreign client that does both).
 
     Raises:
         TargetUnavailableError: the target is not installed or the program is not compiled.
@@ -203,6 +227,7 @@ class SwitchProcess:
         log_path: Path,
         device_id: int = 1,
         impair: str = "",
+        install: bool = True,
     ):
         self.kind = kind
         self.grpc_port = free_tcp_port()
@@ -246,16 +271,62 @@ class SwitchProcess:
             ]
         else:
             raise ValueError(f"unknown switch kind {kind!r}")
+        self._cmd = cmd
+        self._device_id = device_id
+        self._p4info, self._device_config = p4info, device_config
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         self.client = P4RuntimeClient(self.address, device_id=device_id, election_id=10)
         try:
             self._wait_listening(30.0)
-            self.client.connect()
-            self.client.set_pipeline(p4info, device_config)
+            if install:
+                self._install()
         except Exception:
             self.close()
             raise
+
+    def _install(self) -> None:
+        self.client.connect()
+        self.client.set_pipeline(self._p4info, self._device_config)
+
+    def restart(self, install: bool = False) -> None:
+        """A crash and a restart: SIGKILL, then the same command on the same ports and address.
+
+        The new process starts empty (no pipeline, tables, groups or SRAM), as a switch that
+        rebooted; whoever controls it must notice and re-program it.
+
+        Args:
+            install: also connect a fresh primary client (election id 10) and push the
+                pipeline (False: the controller is expected to do it).
+
+        Raises:
+            TargetUnavailableError: the new process did not open its gRPC port.
+        """
+        self.kill()
+        self.start_again(install)
+
+    def kill(self) -> None:
+        """Kills the process (SIGKILL: a crash, nothing flushed) and waits until it is gone.
+
+        The client stays open, as after a real crash: its next call fails with
+        P4RuntimeClientError (UNAVAILABLE), which its users handle.
+        """
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def start_again(self, install: bool = False) -> None:
+        """Starts the killed process's command again (see :meth:`restart`)."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"{self.kind} is still running (pid {self.proc.pid})")
+        self.client.close()
+        self.proc = subprocess.Popen(
+            self._cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO
+        )
+        self.client = P4RuntimeClient(self.address, device_id=self._device_id, election_id=10)
+        self._wait_listening(30.0)
+        if install:
+            self._install()
 
     def _wait_listening(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

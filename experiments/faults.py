@@ -9,11 +9,31 @@ retries, timeouts, repairs and pool egress.
 
 The faults are injected by the reference target's own impairment stage (refswitch.impair) on
 every frame it sends to a data port, because this machine's kernel has no netem: each frame is
-independently lost, corrupted (one payload bit), duplicated or sent after the next one. BMv2 has
+independently lost, corrupted (one payload bit), duplicated, sent after the next one, or delayed
+by a random 0-5 ms (jitter). BMv2 has
 no such stage, so the campaign always runs the reference target.
+
+Then the incast with the switch killed (SIGKILL) during its first point's fetches
+(``switch-kill.csv``): the sweep restarts and re-programs it, and the later points must
+complete. Then the restarts (``restarts.csv``): a trace replay whose hosts share a prefix, with
+the real controller daemon programming the switch and loading its SRAM
+(experiments.trace_replay), and the switch process killed (SIGKILL) and started again, empty, in
+the middle of it. Nobody but the daemon re-programs it. Per restart: seconds from the kill until
+the daemon noticed, the process listened again, the daemon had re-pushed pipeline and base
+state, the SRAM held as many chunks as before, and the first request after the kill was served
+from SRAM; requests and blocks caught in the outage (failed blocks are recomputed by their host,
+never wrong); blocks with a wrong byte (a stale slot served; must be 0). Then the same with the
+controller daemon killed (SIGKILL) and started again at once: the switch keeps serving
+meanwhile; the new daemon must adopt the chunks the old one left (no reload) and leave no orphan
+cache entry. Then the pool node (its store preloaded again on start): hits go on, requests for
+blocks not in SRAM retry, fall back or are recomputed, and the pool must serve again (``up_s``:
+it listens once its blocks are loaded; ``pool_return_s``: the first request after the kill that
+it served, where one needed it).
 
 Functions:
     run_campaign: every fault x mode point; the rows.
+    run_incast_kill: the incast with the switch killed mid-fetch; its rows.
+    run_restarts: switch, controller and pool node restarts during a trace replay; their rows.
     format_rows: the rows as an aligned table.
     main: command-line entry point.
 """
@@ -22,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +63,7 @@ FAULTS: list[tuple[str, str]] = [
     ("duplicate 1%", "dup=0.01"),
     ("corrupt 1%", "corrupt=0.01"),
     ("reorder 5%", "reorder=0.05"),
+    ("jitter 0-5 ms", "jitter=0.005"),
 ]
 QUICK_FAULTS = ["none", "loss 1%", "corrupt 1%"]
 MODES = ["a", "b", "c", "d"]
@@ -102,21 +124,196 @@ def run_campaign(
     clean: dict[str, float] = {}
     for fault, impair in faults:
         progress(f"faults: {fault} ({impair or 'no impairment'}), N={n}, {nbytes // 1024} KiB")
-        points = run_sweep(
-            spec,
-            _switch_with(impair, seed),
-            MODES,
-            [n],
-            [nbytes],
-            repeats=1,
-            progress=lambda s: progress(f"  {s}"),
-            pool_backend=backend,
-        )
+        try:
+            points = run_sweep(
+                spec,
+                _switch_with(impair, seed),
+                MODES,
+                [n],
+                [nbytes],
+                repeats=1,
+                progress=lambda s: progress(f"  {s}"),
+                pool_backend=backend,
+            )
+        except Exception as exc:  # noqa: BLE001 - a dead cluster costs its rows, not the campaign
+            progress(f"  {fault}: run failed: {exc!r}")
+            points = [PointResult(m, n, nbytes, error=f"run failed: {exc!r}") for m in MODES]
         for point in points:
             if not impair and point.all_ok:
                 clean[point.mode] = max(point.times)
             rows.append(_row(fault, impair, point, clean))
     return rows
+
+
+KILL_PREFIX_KIB = 512
+KILL_AFTER_S = 0.5
+"""The incast point during which the switch is killed: a 512 KiB prefix in mode a takes about
+1 s on the 20 Mbit/s pool link, so 0.5 s after the point starts its fetches are in flight."""
+
+
+def run_incast_kill(n: int, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Modes a and c twice each; the switch is killed (SIGKILL) during the first point's fetches.
+
+    The sweep finds it dead after that point, starts it again and re-programs it (the incast's
+    own client is its controller), and goes on: the points after it must complete.
+
+    Returns:
+        One row per point, as :func:`run_campaign`'s, under the fault ``switch killed``.
+    """
+    spec = ClusterSpec(
+        n_hosts=n,
+        n_pools=1,
+        host_link=LinkSpec(bw_mbit=200),
+        pool_link=LinkSpec(bw_mbit=20),
+        tenants=(TENANT,),
+    )
+    backend = "mooncake" if find_master_binary() else "memory"
+    timers: list[threading.Timer] = []
+
+    def kill_during_first(cluster: Any, point: int) -> None:
+        if point == 1:
+            timer = threading.Timer(KILL_AFTER_S, cluster.switch.kill)
+            timers.append(timer)
+            timer.start()
+
+    progress(f"faults: switch killed {KILL_AFTER_S} s into an incast point, N={n}")
+    try:
+        points = run_sweep(
+            spec,
+            RefSwitch,
+            ["a", "c"],
+            [n],
+            [KILL_PREFIX_KIB * 1024],
+            repeats=2,
+            progress=lambda s: progress(f"  {s}"),
+            pool_backend=backend,
+            on_point=kill_during_first,
+        )
+    except Exception as exc:  # noqa: BLE001 - recorded as rows
+        points = [PointResult("a", n, KILL_PREFIX_KIB * 1024, error=f"run failed: {exc!r}")]
+    finally:
+        for timer in timers:
+            timer.cancel()
+    return [_row("switch killed", "SIGKILL, restarted", p, {}) for p in points]
+
+
+RESTART_REQUESTS = 60
+RESTART_SHARED = 3
+"""Requests of the restart run (one every 0.25 s) and the blocks every one of them starts with;
+each request then has a block of its own that the next request uses once more (fetched, mostly
+from the pool: the policy has seen it once)."""
+
+
+def run_restarts(
+    n: int,
+    tmp: Path,
+    after_s: float = 5.0,
+    progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Trace replays on ``n`` hosts whose switch, then controller, is killed ``after_s`` in.
+
+    Args:
+        n: hosts.
+        tmp: where the synthetic trace goes.
+        after_s: seconds after the first request.
+        progress: where progress lines go.
+
+    Returns:
+        One row per restarted component (module docstring).
+    """
+    import json
+
+    from experiments.trace_replay import plan_requests, run_experiment
+
+    trace = tmp / "restart-trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": 250 * i, "hash_ids": [*range(1, RESTART_SHARED + 1), 100 + i // 2]}
+            )
+            + "\n"
+            for i in range(RESTART_REQUESTS)
+        )
+    )
+    requests = plan_requests(trace, max_requests=RESTART_REQUESTS, hosts=n, seed=1)
+    rows: list[dict[str, Any]] = []
+    for component, what in (
+        ("switch", "switch (SIGKILL, restarted empty)"),
+        ("controller", "controller daemon (SIGKILL, restarted)"),
+        ("pool", "pool node (SIGKILL, restarted)"),
+    ):
+        progress(f"restarts: {what} {after_s} s into a trace replay, N={n}")
+        try:
+            results = run_experiment(
+                requests,
+                switch_cls=RefSwitch,
+                hosts=n,
+                block_bytes=1024,
+                speedup=1.0,
+                pool_mbit=20.0,
+                host_mbit=200.0,
+                tick_s=0.2,
+                runs=("cache-on",),
+                progress=lambda s: progress(f"  {s}"),
+                restart_switch_after_s=after_s if component == "switch" else None,
+                restart_controller_after_s=after_s if component == "controller" else None,
+                restart_pool_after_s=after_s if component == "pool" else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded as the row's error
+            rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
+            continue
+        run = results["cache-on"]
+        s = run.summary()
+        r = run.restart
+        rows.append(
+            {
+                "component": what,
+                "n": n,
+                "requests": s["requests"],
+                "missing": s["missing"],
+                "blocks_fetched": s["blocks_fetched"],
+                "blocks_failed": s["failed_blocks"],
+                "wrong_bytes": s["wrong_bytes"],
+                "detect_s": r.get("detect_s"),
+                "up_s": r.get("up_s"),
+                "resync_s": r.get("resync_s"),
+                "reloaded_s": r.get("reloaded_s"),
+                "hits_return_s": r.get("hits_return_s"),
+                "pool_return_s": r.get("pool_return_s"),
+                "resident_before": r.get("resident_before"),
+                "resident_after": r.get("resident_after"),
+                "switch_entries": r.get("switch_entries"),
+                "orphans": r.get("orphans"),
+                "requests_in_outage": r.get("requests_in_outage"),
+                "failed_in_outage": r.get("failed_blocks"),
+                "fell_back_in_outage": r.get("fell_back"),
+                "retries_in_outage": r.get("retries"),
+                "blocks_hit": s["blocks_hit"],
+                "error": r.get("error", ""),
+            }
+        )
+    return rows
+
+
+def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
+    """The restart rows as a text table."""
+
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    keys = [
+        "component", "requests", "blocks_fetched", "blocks_failed", "wrong_bytes",
+        "requests_in_outage", "retries_in_outage", "fell_back_in_outage", "detect_s", "up_s",
+        "resync_s", "reloaded_s", "hits_return_s", "pool_return_s", "resident_before",
+        "resident_after", "orphans", "error",
+    ]  # fmt: skip
+    cells = [[f(r.get(k)) for k in keys] for r in rows]
+    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
+    lines = [title, "=" * len(title)]
+    lines.append("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip())
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines)
 
 
 def format_rows(rows: Sequence[dict[str, Any]], title: str) -> str:
@@ -164,23 +361,76 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prefix-kib", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1, help="the impairment stage's seed")
     ap.add_argument("--quick", action="store_true", help=f"faults {QUICK_FAULTS}, N=2, 32 KiB")
+    ap.add_argument(
+        "--restarts",
+        choices=["on", "off", "only"],
+        default="on",
+        help="the switch restart run (restarts.csv): after the faults, not at all, or alone",
+    )
+    ap.add_argument(
+        "--faults",
+        help="comma-separated fault names to run (default: all; 'none' is always run first), "
+        f"from: {', '.join(f for f, _ in FAULTS)}",
+    )
     args = ap.parse_args(argv)
     faults = [f for f in FAULTS if not args.quick or f[0] in QUICK_FAULTS]
+    if args.faults:
+        wanted = {"none", *(w.strip() for w in args.faults.split(","))}
+        unknown = wanted - {f for f, _ in FAULTS}
+        if unknown:
+            ap.error(f"unknown fault(s) {sorted(unknown)}")
+        faults = [f for f in faults if f[0] in wanted]
     n, kib = (2, 32) if args.quick else (args.n, args.prefix_kib)
     t0 = time.monotonic()
-    rows = run_campaign(faults, n, kib * 1024, seed=args.seed)
-    title = (
-        f"Incast under faults: N={n}, {kib} KiB prefix, faults injected by the reference "
-        f"target's impairment stage (seed {args.seed}; no netem on this kernel)"
-    )
-    table = format_rows(rows, title)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "faults.csv", rows)
-    (args.out / "faults.txt").write_text(table + "\n")
-    print(table)
-    print(f"wrote {args.out}/faults.csv, {args.out}/faults.txt in {time.monotonic() - t0:.0f} s")
-    wrong = sum(r["wrong_bytes"] for r in rows)
-    return 1 if wrong else 0
+    rows: list[dict[str, Any]] = []
+    tables: list[str] = []
+    if args.restarts != "only":
+        rows = run_campaign(faults, n, kib * 1024, seed=args.seed)
+        title = (
+            f"Incast under faults: N={n}, {kib} KiB prefix, faults injected by the reference "
+            f"target's impairment stage (seed {args.seed}; no netem on this kernel)"
+        )
+        tables.append(format_rows(rows, title))
+        write_csv(args.out / "faults.csv", rows)
+    restarts: list[dict[str, Any]] = []
+    kill_rows: list[dict[str, Any]] = []
+    if args.restarts != "off":
+        kill_rows = run_incast_kill(n)
+        write_csv(args.out / "switch-kill.csv", kill_rows)
+        tables.append(
+            format_rows(
+                kill_rows,
+                f"Incast with the switch killed during the first point's fetches (N={n}, "
+                f"{KILL_PREFIX_KIB} KiB; modes a, c, a, c)",
+            )
+        )
+        rows += kill_rows
+        try:
+            restarts = run_restarts(n, args.out)
+        except Exception as exc:  # noqa: BLE001 - the run is recorded, the tables still written
+            restarts = [{"component": "switch", "n": n, "error": f"run failed: {exc!r}"}]
+        write_csv(args.out / "restarts.csv", restarts)
+        tables.append(
+            format_restarts(
+                restarts,
+                f"Restarts during a trace replay (N={n}, the controller daemon programs the "
+                "switch; seconds after the kill)",
+            )
+        )
+    (args.out / "faults.txt").write_text("\n\n".join(tables) + "\n")
+    print("\n\n".join(tables))
+    print(f"wrote {args.out}/faults.txt and its CSVs in {time.monotonic() - t0:.0f} s")
+    wrong = sum(r["wrong_bytes"] for r in rows) + sum(r.get("wrong_bytes") or 0 for r in restarts)
+    unrecovered = any(
+        r.get("error")
+        or r.get("hits_return_s") is None
+        or (r.get("orphans") or 0) > 0
+        or (r["component"].startswith("pool") and r.get("up_s") is None)
+        for r in restarts
+    ) or any(r["completed"] < r["attempted"] for r in kill_rows[1:])
+    unrecovered = unrecovered or (args.restarts != "off" and len(kill_rows) < 2)
+    return 1 if wrong or unrecovered else 0
 
 
 if __name__ == "__main__":

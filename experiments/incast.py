@@ -545,6 +545,7 @@ def run_sweep(
     progress: Callable[[str], None] = print,
     pool_backend: str = "memory",
     window: int = WINDOW,
+    on_point: Callable[[Cluster, int], None] | None = None,
 ) -> list[PointResult]:
     """Runs every (size, N, mode) point ``repeats`` times on one cluster.
 
@@ -563,6 +564,10 @@ def run_sweep(
             in its namespace and serves its prefixes from Mooncake Store (``python -m poolnode
             --start-master``).
         window: the most GETs one agent keeps outstanding.
+        on_point: called with the cluster and the point's number (from 1) just before each
+            point (a fault campaign kills the switch from here). A switch found dead after a
+            point is started again and re-programmed (:meth:`Cluster.restart_switch`) before the
+            next, and the point's error says so.
 
     Returns:
         Every point's result.
@@ -595,6 +600,8 @@ def run_sweep(
         stack.callback(agents.close)
         t0 = time.time()
         for done, (size, n, m, rep) in enumerate(points, 1):
+            if on_point is not None:
+                on_point(cluster, done)
             try:
                 res = run_point(
                     cluster, agents, MODES[m], n, size, keys[size], group=100 + done,
@@ -604,6 +611,15 @@ def run_sweep(
                 # A switch that cannot be programmed fails this point, not the whole sweep:
                 # the points measured so far and those after it still reach the CSVs.
                 res = PointResult(m, n, size, repeat=rep, error=f"switch: {exc}")
+            if not cluster.switch_alive():
+                t_dead = time.monotonic()
+                try:
+                    cluster.restart_switch()
+                    took = time.monotonic() - t_dead
+                    note = f"switch died; restarted and re-programmed in {took:.2f} s"
+                except Exception as exc:  # noqa: BLE001 - the next points record their failure
+                    note = f"switch died; restart failed: {exc!r}"
+                res.error = f"{res.error}; {note}" if res.error else note
             results.append(res)
             s = res.summary()
             progress(

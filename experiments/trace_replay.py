@@ -354,6 +354,8 @@ class RunResult:
         controller: the controller's metrics at the end (``kvcast_controller_*`` samples).
         wall_s: seconds from the first dispatch to the last result.
         missing: requests whose agent gave no result.
+        restart: what a switch restart in the middle of the run did (empty: none), see
+            :func:`restart_outcome`.
     """
 
     name: str
@@ -363,6 +365,7 @@ class RunResult:
     controller: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     missing: int = 0
+    restart: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The run's summary row."""
@@ -406,6 +409,11 @@ class RunResult:
             "write_errors": int(m.get("write_errors", 0)),
             "reports": int(m.get("reports", 0)),
             "wall_s": round(self.wall_s, 2),
+            **{
+                f"restart_{k}": round(v, 3) if isinstance(v, float) else v
+                for k, v in self.restart.items()
+                if k != "killed_at"
+            },
         }
 
 
@@ -499,46 +507,90 @@ def controller_config(
     return doc
 
 
-@contextlib.contextmanager
-def _controller(config: dict[str, Any], workdir: Path, report_port: int) -> Iterator[Path]:
-    """Runs the daemon as a process; yields its log path once its switch is READY."""
-    import yaml
+class ControllerProcess:
+    """The controller daemon as a process (``python -m controlplane run``), restartable.
 
-    path = workdir / "controller.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log_path = workdir / "controller.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "run", "--config", str(path)],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    Args:
+        config: the daemon's configuration (a mapping, dumped as YAML).
+        workdir: where its config and log go.
+        report_port: its report API port (the status is read there).
+    """
+
+    def __init__(self, config: dict[str, Any], workdir: Path, report_port: int) -> None:
+        import yaml
+
+        self.config_path = workdir / "controller.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "controller.log"
+        self.status = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Starts the daemon (its log is appended to)."""
+        with self.log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "controlplane", "run", "--config", str(self.config_path)],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+    def wait_ready(self, timeout: float = 60.0, after_generation: int = 0) -> dict[str, Any]:
+        """Waits until the daemon reports switch s1 READY (in a session past the given one).
+
+        Returns:
+            The switch's status.
+
+        Raises:
+            RuntimeError: the daemon exited or was not ready in time (its log's tail).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            code, doc = self.status.status()
+            sw = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
+            if sw.get("state") == "ready" and int(sw.get("generation", 0)) > after_generation:
+                return dict(sw)
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                exit_code = self.proc.poll() if self.proc else None
+                raise RuntimeError(
+                    f"controller not ready (exit {exit_code}, state {sw.get('state')}); its "
+                    f"log ends:\n{tail}"
+                )
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash (nothing flushed, no goodbye to the switch)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            client = ReportClient(f"http://127.0.0.1:{report_port}", timeout_s=1.0)
-            deadline = time.monotonic() + 60
-            while True:
-                code, doc = client.status()
-                state = doc.get("switches", {}).get("s1", {}).get("state") if code == 200 else None
-                if state == "ready":
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    tail = log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(
-                        f"controller not ready (exit {proc.poll()}, state {state}); its log "
-                        f"ends:\n{tail}"
-                    )
-                time.sleep(0.2)
-            yield log_path
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def _controller(
+    config: dict[str, Any], workdir: Path, report_port: int
+) -> Iterator[ControllerProcess]:
+    """Runs the daemon as a process; yields it once its switch is READY."""
+    daemon = ControllerProcess(config, workdir, report_port)
+    daemon.start()
+    try:
+        daemon.wait_ready()
+        yield daemon
+    finally:
+        daemon.stop()
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -575,6 +627,283 @@ def _read_lines(stream: Any, sink: queue.Queue[tuple[str, str]], tag: str) -> No
     sink.put((tag, ""))
 
 
+class SwitchRestart:
+    """Kills the switch process in the middle of a run and watches the controller bring it back.
+
+    At ``t0 + after_s`` the switch process is killed (SIGKILL) and started again, empty, on the
+    same ports and P4Runtime address (:meth:`P4Switch.restart`); nobody re-programs it but the
+    controller daemon. The thread then polls the daemon's status API and records, in seconds
+    since the kill: when the daemon saw the switch go (``detect_s``), when the new process
+    listened (``up_s``), when the daemon had a new session on it, i.e. pipeline and base state
+    re-pushed (``resync_s``), and when it held again at least as many chunks as before the kill
+    (``reloaded_s``).
+
+    Args:
+        cluster: the running cluster.
+        status: the daemon's report client (its ``GET /v1/status``).
+        switch: the switch's name in the daemon's configuration.
+    """
+
+    def __init__(self, cluster: Cluster, status: ReportClient, switch: str = "s1") -> None:
+        self.cluster = cluster
+        self.status = status
+        self.switch = switch
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def _sw(self) -> dict[str, Any]:
+        code, doc = self.status.status()
+        sw: dict[str, Any] = doc.get("switches", {}).get(self.switch, {}) if code == 200 else {}
+        return sw
+
+    def start(self, at: float, timeout: float = 60.0) -> None:
+        """Restarts the switch at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at, timeout), name="switch-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events (see the class docstring)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float, timeout: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            before = self._sw()
+            gen0 = int(before.get("generation", 0))
+            ev["resident_before"] = int(before.get("resident_chunks", 0))
+            self.cluster.switch.kill()
+            killed = time.time()  # the process is gone: nothing it sends is after this
+            ev["killed_at"] = killed
+
+            def start_again() -> None:
+                try:
+                    self.cluster.switch.start_again(install=False)
+                    ev["up_s"] = time.time() - killed
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    ev["error"] = f"switch did not start again: {exc!r}"
+
+            # The daemon's view is polled while the new process starts, so that it is seen
+            # noticing the loss whenever it does.
+            starter = threading.Thread(target=start_again, name="switch-start", daemon=True)
+            starter.start()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and "error" not in ev:
+                sw = self._sw()
+                now = time.time() - killed
+                if "detect_s" not in ev and (
+                    sw.get("state") != "ready" or int(sw.get("generation", 0)) > gen0
+                ):
+                    ev["detect_s"] = now
+                if "resync_s" not in ev and sw.get("state") == "ready":
+                    if int(sw.get("generation", 0)) > gen0:
+                        ev["resync_s"] = now
+                        ev["generation"] = int(sw["generation"])
+                if "resync_s" in ev and int(sw.get("resident_chunks", 0)) >= ev["resident_before"]:
+                    ev["reloaded_s"] = now
+                    ev["resident_after"] = int(sw.get("resident_chunks", 0))
+                    break
+                time.sleep(0.02)
+            else:
+                ev.setdefault("error", f"not recovered within {timeout} s")
+            starter.join(timeout)
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"restart failed: {exc!r}"
+
+
+class PoolProcess:
+    """The pool node's server in its namespace, restartable (it preloads its blocks each start).
+
+    Args:
+        cluster: the running cluster.
+        node: the pool node's name.
+        cmd: its command (``python -m poolnode ...``).
+    """
+
+    def __init__(self, cluster: Cluster, node: str, cmd: list[str]) -> None:
+        self.cluster, self.node, self.cmd = cluster, node, cmd
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Starts it and waits for ``poolnode listening``."""
+        self.proc = self.cluster.host(self.node).popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO)
+        )
+        _wait_for_line(self.proc, "poolnode listening", timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Stops it (SIGTERM, then SIGKILL)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PoolRestart:
+    """Kills the pool node in the middle of a run and starts it again at once.
+
+    Records the seconds from the kill until the new process listens (``up_s``); the agents'
+    rows give when the pool answered again (:func:`restart_outcome`).
+
+    Args:
+        pool: the pool node's process.
+    """
+
+    def __init__(self, pool: PoolProcess) -> None:
+        self.pool = pool
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, at: float) -> None:
+        """Restarts the pool node at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at,), name="pool-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            self.pool.kill()
+            killed = time.time()
+            ev["killed_at"] = killed
+            self.pool.start()
+            ev["up_s"] = time.time() - killed
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"pool restart failed: {exc!r}"
+
+
+def cache_entries(address: str, device_id: int = 1) -> int:
+    """Entries in the switch's cache table, read without arbitration (a read needs none)."""
+    import grpc
+    from finsy.proto import p4r, p4r_grpc
+
+    from emulation.targets import load_p4info
+
+    (table_id,) = (
+        t.preamble.id
+        for t in load_p4info().tables
+        if t.preamble.name == c.TABLE_INGRESS_CACHE_CACHE_TABLE
+    )
+    request = p4r.ReadRequest(device_id=device_id)
+    request.entities.add().table_entry.table_id = table_id
+    with grpc.insecure_channel(address) as channel:
+        replies = p4r_grpc.P4RuntimeStub(channel).Read(request, timeout=10)
+        return sum(len(r.entities) for r in replies)
+
+
+class ControllerRestart:
+    """Kills the controller daemon in the middle of a run and starts it again at once.
+
+    The switch keeps its pipeline, tables and SRAM meanwhile. The new daemon must adopt what
+    the old one left (no chunk reloaded, no duplicate) and reconcile its tables (no orphan entry,
+    no stale slot). Records, in seconds since the kill: when the new daemon had a session on the
+    switch (``resync_s``); the chunks resident before the kill and after (``resident_before``,
+    ``resident_after``); the cache table's entries then (``switch_entries``) and the orphans
+    among them (``orphans``: entries the daemon does not hold, must be 0); and the daemon's
+    loads in its first session (``reloads``, from its metrics; adoption loads nothing).
+
+    Args:
+        daemon: the running daemon.
+        switch_address: the switch's P4Runtime address.
+        metrics_port: the daemon's metrics port.
+    """
+
+    def __init__(self, daemon: ControllerProcess, switch_address: str, metrics_port: int) -> None:
+        self.daemon = daemon
+        self.switch_address = switch_address
+        self.metrics_port = metrics_port
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, at: float) -> None:
+        """Restarts the daemon at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at,), name="controller-restart", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            code, doc = self.daemon.status.status()
+            before = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
+            ev["resident_before"] = int(before.get("resident_chunks", 0))
+            self.daemon.kill()
+            killed = time.time()
+            ev["killed_at"] = killed
+            ev["switch_entries_at_kill"] = cache_entries(self.switch_address)
+            self.daemon.start()
+            sw = self.daemon.wait_ready()
+            ev["resync_s"] = time.time() - killed
+            ev["resident_after"] = int(sw.get("resident_chunks", 0))
+            entries = cache_entries(self.switch_address)
+            ev["switch_entries"] = entries
+            ev["orphans"] = max(0, entries - ev["resident_after"])
+            ev["reloads"] = int(_metrics(self.metrics_port).get("loads", 0))
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"controller restart failed: {exc!r}"
+
+
+def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> dict[str, Any]:
+    """A switch restart's outcome from the watcher's events and the agents' rows.
+
+    Returns:
+        The events, plus: ``hits_return_s`` (kill to the end of the first request started
+        after it that was served a whole block from switch SRAM; None if none was), the
+        requests in flight between the kill and then (``requests_in_outage``), their blocks
+        that failed (``failed_blocks``, each recomputed, never wrong), fell back to the pool
+        and their retries, and the run's blocks that arrived with a wrong byte
+        (``wrong_bytes``, a stale or foreign slot served; must be 0); ``pool_return_s``: kill
+        to the end of the first request started after it that the pool served a fragment of.
+    """
+    out = dict(events)
+    killed = events.get("killed_at")
+    if killed is None:
+        return out
+    after = [r for r in rows if r["t_start"] >= killed]
+    hits = [r["t_done"] for r in after if r["blocks_hit"]]
+    back = min(hits) if hits else None
+    out["hits_return_s"] = None if back is None else back - killed
+    window = [r for r in rows if r["t_done"] >= killed and (back is None or r["t_start"] <= back)]
+    out["requests_in_outage"] = len(window)
+    out["failed_blocks"] = sum(r["failed"] for r in window)
+    out["fell_back"] = sum(r["fell_back"] for r in window)
+    out["retries"] = sum(r["retries"] for r in window)
+    out["wrong_bytes"] = sum(r["wrong_bytes"] for r in rows)
+    served = [r["t_done"] for r in after if r["frags_pool"] and not r["failed"]]
+    out["pool_return_s"] = min(served) - killed if served else None
+    return out
+
+
 def run_replay(
     cluster: Cluster,
     mgmt: ManagementNetwork,
@@ -591,6 +920,10 @@ def run_replay(
     sram_budget_bytes: int | None = None,
     workdir: Path,
     progress: Callable[[str], None] = print,
+    restart_switch_after_s: float | None = None,
+    restart_controller_after_s: float | None = None,
+    pool_node: PoolProcess | None = None,
+    restart_pool_after_s: float | None = None,
 ) -> RunResult:
     """One replay run on a running cluster whose pool node holds every block.
 
@@ -609,6 +942,13 @@ def run_replay(
         sram_budget_bytes: SRAM budget (None: all of it).
         workdir: where the controller's config and log go.
         progress: where progress lines go.
+        restart_switch_after_s: kill and restart the switch this long after the first
+            dispatch (:class:`SwitchRestart`); None: no restart.
+        restart_controller_after_s: kill and restart the controller daemon this long after
+            the first dispatch (:class:`ControllerRestart`); None: no restart.
+        pool_node: the pool node's process (needed to restart it).
+        restart_pool_after_s: kill and restart the pool node this long after the first
+            dispatch (:class:`PoolRestart`); None: no restart.
 
     Returns:
         The run's result.
@@ -636,7 +976,7 @@ def run_replay(
     pool = cluster.pools()[0]
     hosts = cluster.hosts()
     lines: queue.Queue[tuple[str, str]] = queue.Queue()
-    with _controller(config, run_dir, report_port), contextlib.ExitStack() as stack:
+    with _controller(config, run_dir, report_port) as daemon, contextlib.ExitStack() as stack:
         agents: dict[str, subprocess.Popen[str]] = {}
         for h in hosts:
             cmd = [
@@ -678,6 +1018,19 @@ def run_replay(
         t0 = time.time() + 1.0
         first = requests[0].time if requests else 0.0
         progress(f"  {name}: {len(requests)} requests over {len(hosts)} hosts")
+        restart: SwitchRestart | ControllerRestart | PoolRestart | None = None
+        if restart_switch_after_s is not None:
+            restart = SwitchRestart(cluster, daemon.status)
+            restart.start(t0 + restart_switch_after_s)
+        elif restart_controller_after_s is not None:
+            address = cluster.switch.process.address if cluster.switch.process else ""
+            restart = ControllerRestart(daemon, address, metrics_port)
+            restart.start(t0 + restart_controller_after_s)
+        elif restart_pool_after_s is not None:
+            if pool_node is None:
+                raise ValueError("restart_pool_after_s needs the pool node's process")
+            restart = PoolRestart(pool_node)
+            restart.start(t0 + restart_pool_after_s)
         for req in requests:
             at = t0 + (req.time - first) / speedup
             time.sleep(max(0.0, at - time.time() - 0.05))
@@ -722,6 +1075,9 @@ def run_replay(
             if done % 100 == 0:
                 progress(f"  {name}: {done}/{len(requests)} done")
         result.wall_s = last - t0
+        if restart is not None:
+            result.restart = restart.join(timeout=90)
+            progress(f"  {name}: restart {result.restart}")
         time.sleep(2 * tick_s)  # the last reports reach a tick
         result.pool_tx_bytes = (
             _read_counter(cluster, pool.name, cluster.host(pool.name).defaultIntf().name) - tx0
@@ -730,6 +1086,8 @@ def run_replay(
         result.controller = _metrics(metrics_port)
     result.rows.sort(key=lambda r: r["index"])
     result.missing = len(requests) - len(result.rows)
+    if result.restart:
+        result.restart = restart_outcome(result.rows, result.restart)
     return result
 
 
@@ -750,6 +1108,9 @@ def run_experiment(
     sram_budget_bytes: int | None = None,
     runs: Sequence[str] = ("cache-off", "cache-on"),
     progress: Callable[[str], None] = print,
+    restart_switch_after_s: float | None = None,
+    restart_controller_after_s: float | None = None,
+    restart_pool_after_s: float | None = None,
 ) -> dict[str, RunResult]:
     """Both runs on one emulated cluster (cache off first: it leaves the switch cache empty).
 
@@ -769,6 +1130,10 @@ def run_experiment(
         sram_budget_bytes: SRAM budget (None: all).
         runs: which runs, in order.
         progress: where progress lines go.
+        restart_switch_after_s: in the cache-on run, kill and restart the switch this long
+            after its first dispatch (None: never).
+        restart_controller_after_s: the same for the controller daemon.
+        restart_pool_after_s: the same for the pool node.
 
     Returns:
         The results by run name.
@@ -802,18 +1167,9 @@ def run_experiment(
             "--port", str(c.KVP_UDP_PORT), "--cache-mib", "0",
             *[a for k in blocks for a in ("--preload", f"{TENANT}:{k:#x}:{block_bytes}:{SEED}")],
         ]  # fmt: skip
-        with (
-            ManagementNetwork(cluster, names) as mgmt,
-            cluster.popen(
-                pool.name,
-                pool_cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=str(REPO),
-            ) as pool_proc,
-        ):
-            _wait_for_line(pool_proc, "poolnode listening", 120)
+        pool_node = PoolProcess(cluster, pool.name, pool_cmd)
+        with ManagementNetwork(cluster, names) as mgmt, contextlib.closing(pool_node):
+            pool_node.start()
             progress(
                 f"trace_replay: switch={cluster.switch_cls.kind} hosts={hosts} "
                 f"requests={len(requests)} blocks={len(blocks)} block_bytes={block_bytes} "
@@ -835,6 +1191,12 @@ def run_experiment(
                     sram_budget_bytes=sram_budget_bytes,
                     workdir=workdir,
                     progress=progress,
+                    restart_switch_after_s=restart_switch_after_s if name == "cache-on" else None,
+                    restart_controller_after_s=(
+                        restart_controller_after_s if name == "cache-on" else None
+                    ),
+                    pool_node=pool_node,
+                    restart_pool_after_s=restart_pool_after_s if name == "cache-on" else None,
                 )
     return results
 
@@ -990,6 +1352,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="host assignment seed")
     ap.add_argument("--runs", default="cache-off,cache-on")
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
+    ap.add_argument(
+        "--restart-switch-after",
+        type=float,
+        metavar="S",
+        help="kill and restart the switch S seconds into the cache-on run (the controller "
+        "must re-program it)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.trace is None:
@@ -1028,6 +1397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sram_budget_bytes=args.sram_budget,
         runs=runs,
         progress=lambda s: print(s, flush=True),
+        restart_switch_after_s=args.restart_switch_after,
     )
     paths = write_outputs(results, args.out)
     for r in results.values():

@@ -82,6 +82,25 @@ _STREAM_FIELDS = 5
 # A follower asks for a missing fragment itself once the group's stream is this many fragments
 # past it (a loss, not a reordering), instead of waiting for the stream to stall.
 GAP_FRAGMENTS = 64
+# A GET still unanswered when this many GETs sent after it on the same path have been answered
+# was lost (a path answers in order; this much reordering is tolerated) once a round trip and a
+# reordering window have passed since it was sent: its fragments are asked for again then, on
+# their first try only, instead of after the timeout (TCP's fast retransmit, timed as RACK).
+# The timeout never goes below the client's first timeout, so without this one lost fragment
+# costs the whole fetch that timeout.
+FAST_REORDER_GETS = 3
+# A follower whose stream has reached its tail (within GAP_FRAGMENTS of the end) and then gone
+# quiet for QUIET_FACTOR times its mean fragment spacing (at least QUIET_MIN_S, at most the
+# stall time) takes the stream as ended and repairs the tail's losses at once: nothing after a
+# lost last fragment would tell it the stream went past it, and the stall is long (it must
+# outlast the leader's longest GET timeout).
+QUIET_FACTOR = 16
+QUIET_MIN_S = 0.005
+# At the tail of a fetch no later GET can overtake a lost one: a first-try GET unanswered for
+# this many smoothed round trips plus four deviations (at least TAIL_PROBE_MIN_S) is sent again
+# (TCP's tail loss probe); a spurious probe costs one duplicate answer.
+TAIL_PROBE_SRTTS = 2.0
+TAIL_PROBE_MIN_S = 0.005
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -154,6 +173,10 @@ class FetchReport:
         duration_s: wall time of the fetch.
         srtt_s: the smoothed GET round trip measured (0.0 without a sample).
         rto_s: the retransmission timeout the fetch ended with.
+        fast_retransmits: GETs sent again before their timeout because later GETs were
+            answered first (FAST_REORDER_GETS); each also counts in ``retries``.
+        tail_probes: GETs at the fetch's tail sent again after TAIL_PROBE_SRTTS round trips
+            without an answer; each also counts in ``retries``.
         mac_verified: whether the chunk's keyed MAC was fetched and matched (False when the
             tenant has no key).
         path: where the bytes came from: ``switch`` (most fragments from switch SRAM),
@@ -186,6 +209,8 @@ class FetchReport:
     duration_s: float = 0.0
     srtt_s: float = 0.0
     rto_s: float = 0.0
+    fast_retransmits: int = 0
+    tail_probes: int = 0
     mac_verified: bool = False
     path: str = "none"
     direct_bytes: int = 0
@@ -250,6 +275,11 @@ class _State:
     direct_done: bool = False
     stall_s: float = 0.0
     last_progress: float = 0.0
+    started: float = 0.0
+    answered: int = -1
+    """The latest-sent GET of this fetch that has been answered (its offset from rid_base)."""
+    fast_seen: int = -1
+    fast_next: float = math.inf
     scan: int = 0
     path: int = 0
     inflight: dict[int, _Get] = field(default_factory=dict)
@@ -310,6 +340,8 @@ class FetchClient:
             switch does not hold the chunk and no group shares the fetch), the rest of the chunk
             is read with ``direct.get_into``, the path a user would otherwise take; if that
             fails the KVP fetch goes on. None: KVP only.
+        tail_probe_min_s: the shortest wait before a GET at the fetch's tail is sent again
+            (TAIL_PROBE_SRTTS); at least ``timeout_s`` turns tail probes off.
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -335,6 +367,7 @@ class FetchClient:
         report_host: str | int | None = None,
         mac_keys: Mapping[int, bytes] | None = None,
         direct: PoolBackend | None = None,
+        tail_probe_min_s: float = TAIL_PROBE_MIN_S,
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -354,6 +387,7 @@ class FetchClient:
         self.max_timeout_s = max_timeout_s
         self.max_retries = min(max_retries, 254)
         self.deadline_s = deadline_s
+        self.tail_probe_min_s = tail_probe_min_s
         self.group = group
         self.reporter = reporter
         self.report_host = socket.gethostname() if report_host is None else report_host
@@ -606,7 +640,7 @@ class FetchClient:
         report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
         st.rid_base = self._next_req
-        st.last_progress = time.monotonic()
+        st.last_progress = st.started = time.monotonic()
         st.rto = self.timeout_s
         return st
 
@@ -664,6 +698,8 @@ class FetchClient:
             now = time.monotonic()
             if now >= deadline:
                 raise _GiveUp(RecomputeReason.DEADLINE)
+            if st.answered > st.fast_seen or now >= st.fast_next:
+                st.fast_next = self._fast_retransmit(st, now)
             if st.listening:
                 wake = st.last_progress + st.stall_s
                 if now >= wake:  # the stream stalled: repair the gaps ourselves
@@ -675,6 +711,15 @@ class FetchClient:
                 # brought the chunk's last fragment, every gap is behind it.
                 high = st.stream_high
                 behind = st.n if high >= st.n else high - self.gap_fragments
+                if behind < st.n and high >= st.n - self.gap_fragments:
+                    # In the tail: a stream gone quiet has ended (see QUIET_FACTOR).
+                    got = st.report.frags_stream
+                    spacing = (st.last_progress - st.started) / got if got else st.stall_s
+                    quiet = min(st.stall_s, max(QUIET_MIN_S, QUIET_FACTOR * spacing))
+                    if now >= st.last_progress + quiet:
+                        behind = st.n
+                    else:
+                        wake = min(wake, st.last_progress + quiet)
                 if behind > 0 or st.inflight:
                     if now >= st.next_check:
                         self._expire(st, now)
@@ -683,12 +728,17 @@ class FetchClient:
                         st.gap_scan = behind
                     self._send(st, now, st.gap_scan)
                     if st.inflight:
-                        wake = min(wake, st.next_check)
+                        wake = min(
+                            wake, st.next_check, st.fast_next,
+                            self._tail_probe(st, now, st.gap_scan),
+                        )  # fmt: skip
             else:
                 if now >= st.next_check:
                     self._expire(st, now)
                 self._send(st, now)
                 wake = st.next_check if st.inflight else now + self.timeout_s
+                if st.inflight:
+                    wake = min(wake, st.fast_next, self._tail_probe(st, now, st.n))
             if st.want_direct:
                 self._read_direct(st)
                 continue
@@ -794,6 +844,68 @@ class FetchClient:
             st.report.retries += 1
         if exhausted:
             self._next_path(st, RecomputeReason.NO_ANSWER)
+
+    def _fast_retransmit(self, st: _State, now: float) -> float:
+        """Releases GETs overtaken by FAST_REORDER_GETS answered ones (see that constant).
+
+        Overtaken GETs are released once a round trip and a reordering window (a quarter of
+        it, or two deviations if more: jitter) have passed since they were sent (as RACK).
+
+        Returns:
+            When an overtaken GET's window ends next (inf: none waits).
+        """
+        st.fast_seen = st.answered
+        limit = st.answered - FAST_REORDER_GETS
+        base, tries = st.rid_base, st.tries
+        wait = st.srtt + max(st.srtt / 4, 2 * st.rttvar)
+        due = math.inf
+        for rid, g in list(st.inflight.items()):
+            if (rid - base) & 0xFFFFFFFF >= limit:
+                continue
+            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+                continue  # a retry already: its timeout (with backoff) decides; fast
+                # retransmits of retries exhaust max_retries at 20 % loss and refuse fetches
+            if now < g[3] + wait:
+                due = min(due, g[3] + wait)
+                continue
+            del st.inflight[rid]
+            st.report.fast_retransmits += 1
+            if len(st.late) >= 4096:
+                st.late.clear()
+            st.late[rid] = g[3]
+            self._release(st, rid, g, failed=True)
+        return due
+
+    def _tail_probe(self, st: _State, now: float, limit: int) -> float:
+        """Resends the tail's first-try GETs unanswered for TAIL_PROBE_SRTTS round trips.
+
+        At the tail (nothing below ``limit`` left to ask for) no later GET can overtake a lost
+        one, so fast retransmit cannot see its loss, and the timeout's floor would cost the
+        whole fetch.
+
+        Returns:
+            When the next in-flight GET's probe is due (inf: none).
+        """
+        if not st.srtt or st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
+            return math.inf
+        pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
+        if pto >= st.rto:
+            return math.inf  # the timeout comes first
+        tries, due = st.tries, math.inf
+        for rid, g in list(st.inflight.items()):
+            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+                continue
+            if now < g[3] + pto:
+                due = min(due, g[3] + pto)
+                continue
+            del st.inflight[rid]
+            st.report.tail_probes += 1
+            if len(st.late) >= 4096:
+                st.late.clear()
+            st.late[rid] = g[3]
+            self._release(st, rid, g, failed=True)
+            due = now  # send it again at once
+        return due
 
     def _expire(self, st: _State, now: float) -> None:
         """Releases every GET whose deadline passed; sets ``next_check`` to the next one."""
@@ -903,6 +1015,9 @@ class FetchClient:
                 continue
             if g is not None:
                 self._sample_rtt(st, time.monotonic() - g[3])
+                off = (rid - st.rid_base) & 0xFFFFFFFF
+                if off > st.answered:
+                    st.answered = off
             elif rid in st.late:
                 self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
             if new == 0:
@@ -981,6 +1096,8 @@ class FetchClient:
             return
         if g is not None:
             self._sample_rtt(st, time.monotonic() - g[3])
+            if off > st.answered:
+                st.answered = off
         elif rid in st.late:
             self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
         frag = st.frag

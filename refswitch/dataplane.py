@@ -176,9 +176,16 @@ class Dataplane:
         poller.register(self._wake_r, select.EPOLLIN)
         try:
             while not self._stop.is_set():
-                events = poller.poll(0.5 if self.impairment is None else 0.01)
-                if not events and self.impairment is not None:
-                    self.impairment.flush(self._send)  # idle: release frames held back
+                timeout = 0.5
+                if self.impairment is not None:
+                    due = self.impairment.next_due()
+                    timeout = 0.01 if due is None else min(0.01, due)
+                events = poller.poll(timeout)
+                if self.impairment is not None:
+                    if not events:
+                        self.impairment.flush(self._send)  # idle: release frames held back
+                    else:
+                        self.impairment.release_due(self._send)  # delayed frames now due
                 for fd, _ in events:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)

@@ -3,17 +3,23 @@
 This machine's kernel has no netem, so faults are injected where the reference target sends a
 frame to a data port: each frame is independently lost, corrupted (one bit flipped in its UDP
 payload, so the headers still deliver it and the receiver's check must catch it), duplicated, or
-held back and sent after the next frame on the same port (reordering). Frames to the CPU port
-(PacketIn) are never touched. A seeded generator makes a run repeatable.
+held back and sent after the next frame on the same port (reordering); and every frame may be
+delayed by a random time (jitter), which reorders frames whose delays cross, as netem's jitter
+does. Frames to the CPU port (PacketIn) are never touched. A seeded generator makes a run
+repeatable.
 
 Classes:
-    ImpairSpec: the probabilities, parsed from ``loss=0.01,dup=0.01,corrupt=0.001,reorder=0.05``.
+    ImpairSpec: the probabilities and the jitter, parsed from
+        ``loss=0.01,dup=0.01,corrupt=0.001,reorder=0.05,jitter=0.005``.
     Impairment: applies a spec to one frame at a time and counts what it did.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -32,6 +38,8 @@ class ImpairSpec:
         dup: the frame is sent twice.
         corrupt: one bit of the UDP payload is flipped.
         reorder: the frame is held and sent after the next frame to the same port.
+        jitter: seconds; each frame is delayed by a time drawn uniformly from 0..jitter
+            (at most 1 s).
         seed: the random generator's seed.
     """
 
@@ -39,6 +47,7 @@ class ImpairSpec:
     dup: float = 0.0
     corrupt: float = 0.0
     reorder: float = 0.0
+    jitter: float = 0.0
     seed: int = 1
 
     @classmethod
@@ -47,7 +56,7 @@ class ImpairSpec:
 
         Raises:
             ValueError: an unknown name, a value that is not a number, or a probability
-                outside 0..1.
+                (or a jitter in seconds) outside 0..1.
         """
         names = {f.name for f in fields(cls)}
         values: dict[str, float | int] = {}
@@ -60,7 +69,8 @@ class ImpairSpec:
                 continue
             p = float(raw)
             if not 0.0 <= p <= 1.0:
-                raise ValueError(f"impairment {name}={raw}: a probability is in 0..1")
+                what = "a jitter is 0..1 s" if name == "jitter" else "a probability is in 0..1"
+                raise ValueError(f"impairment {name}={raw}: {what}")
             values[name] = p
         return cls(**values)  # type: ignore[arg-type]
 
@@ -74,16 +84,48 @@ class Impairment:
 
     Args:
         spec: the probabilities.
+        clock: monotonic seconds (for the jitter's timer queue).
 
     Attributes:
-        counts: frames seen, lost, duplicated, corrupted, reordered.
+        counts: frames seen, lost, duplicated, corrupted, reordered, delayed (by jitter).
     """
 
-    def __init__(self, spec: ImpairSpec) -> None:
+    def __init__(self, spec: ImpairSpec, clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self._rng = random.Random(spec.seed)
+        self._clock = clock
         self._held: dict[int, bytes] = {}
-        self.counts = {"frames": 0, "lost": 0, "duplicated": 0, "corrupted": 0, "reordered": 0}
+        self._delayed: list[tuple[float, int, int, bytes]] = []  # (due, seq, port, frame)
+        self._seq = itertools.count()
+        self.counts = {
+            "frames": 0,
+            "lost": 0,
+            "duplicated": 0,
+            "corrupted": 0,
+            "reordered": 0,
+            "delayed": 0,
+        }
+
+    def next_due(self) -> float | None:
+        """Seconds until the next delayed frame is due (0 if one is), or None if none waits."""
+        if not self._delayed:
+            return None
+        return max(0.0, self._delayed[0][0] - self._clock())
+
+    def release_due(self, emit: Callable[[int, bytes], None]) -> None:
+        """Sends every delayed frame whose time has come, earliest first."""
+        now = self._clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, port, frame = heapq.heappop(self._delayed)
+            emit(port, frame)
+
+    def _out(self, port: int, frame: bytes, emit: Callable[[int, bytes], None]) -> None:
+        if not self.spec.jitter:
+            emit(port, frame)
+            return
+        due = self._clock() + self._rng.uniform(0.0, self.spec.jitter)
+        heapq.heappush(self._delayed, (due, next(self._seq), port, frame))
+        self.counts["delayed"] += 1
 
     def send(self, port: int, frame: bytes, emit: Callable[[int, bytes], None]) -> None:
         """Sends ``frame`` to ``port`` through ``emit``, impaired."""
@@ -103,15 +145,18 @@ class Impairment:
             self._held[port] = frame  # goes out after the next frame to this port
             counts["reordered"] += 1
             return
-        emit(port, frame)
+        self._out(port, frame, emit)
         if spec.dup and rng.random() < spec.dup:
-            emit(port, frame)
+            self._out(port, frame, emit)
             counts["duplicated"] += 1
         if held is not None:
-            emit(port, held)
+            self._out(port, held, emit)
+        if self._delayed:
+            self.release_due(emit)
 
     def flush(self, emit: Callable[[int, bytes], None]) -> None:
-        """Sends every frame still held back (when the port goes idle)."""
+        """Sends the frames held back for reordering (the port went idle) and those now due."""
         held, self._held = self._held, {}
         for port, frame in held.items():
-            emit(port, frame)
+            self._out(port, frame, emit)
+        self.release_due(emit)

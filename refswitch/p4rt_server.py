@@ -1,9 +1,13 @@
 """P4Runtime gRPC server of the reference target, behaving like simple_switch_grpc's (PI).
 
 The same control plane (finsy, p4runtime-shell) drives this server and BMv2, so it copies PI's
-observable behaviour: error codes and messages, per-update errors of a Write, arbitration
-(including PI's promotion of the next backup when the primary leaves), accepting non-canonical
-bytestrings and answering with canonical ones.
+observable behaviour: error codes, per-update errors of a Write, arbitration (including PI's
+promotion of the next backup when the primary leaves), accepting non-canonical bytestrings and
+answering with canonical ones. Messages carry PI's wording where PI has one, often with the
+entity named; they are not compared. Where PI answers UNKNOWN because its BMv2 backend failed,
+or breaks the spec, this server answers the spec's code: tests/conformance/test_p4rt_shell.py
+drives both with p4runtime-shell and lists each remaining difference with its reason
+(docs/controlplane.md).
 
 Classes:
     P4RuntimeServer: owns the grpc server; start / stop / serve_forever; one per SwitchState.
@@ -17,10 +21,14 @@ Behaviour worth knowing (PI's unless said otherwise):
       primary"); with no stream open, requests without an election id are accepted (as PI).
       Only CONTINUE_ON_ERROR atomicity (others: UNIMPLEMENTED). A failed Write is gRPC UNKNOWN
       with a google.rpc.Status holding one p4.v1.Error per update (OK for the ones applied).
-    * SetForwardingPipelineConfig: VERIFY checks the P4Info; VERIFY_AND_SAVE keeps it for a
-      later COMMIT; VERIFY_AND_COMMIT installs it and clears all state; RECONCILE_AND_COMMIT
-      installs it keeping entries, groups and digest configs whose P4 ids still exist (and
-      fails with no change if one of them no longer validates); COMMIT installs the saved one.
+    * The device config (p4_device_config) is empty, the program being built in
+      (refswitch.pipeline), or the BMv2 JSON of the program the P4Info describes; anything else
+      is INVALID_ARGUMENT, at VERIFY too (runtime.check_device_config).
+    * SetForwardingPipelineConfig: VERIFY checks the P4Info and device config; VERIFY_AND_SAVE
+      keeps it for a later COMMIT; VERIFY_AND_COMMIT installs it and clears all state;
+      RECONCILE_AND_COMMIT installs it keeping entries, groups and digest configs whose P4 ids
+      still exist (and fails with no change if one of them no longer validates); COMMIT
+      installs the saved one.
     * Only the default (empty) role; arbitration with another role is UNIMPLEMENTED.
     * Reads: a table entry read with a match returns that entry or nothing; wildcard reads of
       digest entries and of direct counters over all tables are served (PI refuses them);
@@ -73,6 +81,7 @@ from refswitch.runtime import (
     Ternary,
     UnimplementedError,
     WriteOp,
+    check_device_config,
 )
 
 _LOG = logging.getLogger(__name__)
@@ -542,7 +551,7 @@ class _Service(p4r_grpc.P4RuntimeServicer):
             config = request.config
             if not config.HasField("p4info"):
                 raise InvalidArgumentError("ForwardingPipelineConfig has no p4info")
-            PipelineSchema(config.p4info)
+            check_device_config(PipelineSchema(config.p4info), config.p4_device_config)
             if action == A.VERIFY:
                 return
             if action == A.VERIFY_AND_SAVE:
@@ -808,11 +817,11 @@ class _Service(p4r_grpc.P4RuntimeServicer):
             else:
                 views = self.state.entries(info.id)
             for view in views:
-                entry = p4r.DirectCounterEntry(data=_counter_data(unit, *view.counter))
-                entry.table_entry.table_id = info.id
-                entry.table_entry.match.extend(_encode_match(info, view.match))
-                entry.table_entry.priority = view.priority
-                entry.table_entry.is_default_action = view.is_default
+                # The entry as a table read returns it (key, priority, action), as PI does.
+                entry = p4r.DirectCounterEntry(
+                    table_entry=_encode_entry(schema, info, view, with_counter=False),
+                    data=_counter_data(unit, *view.counter),
+                )
                 out.append(p4r.Entity(direct_counter_entry=entry))
 
     def _read_pre(self, pre: p4r.PacketReplicationEngineEntry, out: list[p4r.Entity]) -> None:

@@ -688,11 +688,21 @@ def _normalize_field(f: FieldInfo, spec: MatchSpec) -> MatchSpec:
     return spec
 
 
-def _check_device_config(blob: bytes) -> None:
-    """The reference target runs its own pipeline: it takes no device config, or a BMv2 JSON.
+def check_device_config(schema: PipelineSchema, blob: bytes) -> None:
+    """Refuses a p4_device_config that is not the reference target's.
 
-    A client that drives BMv2 and this target alike pushes BMv2's JSON to both; anything else
-    (another target's binary, garbage) is refused rather than silently ignored.
+    The reference target's program is built in (refswitch.pipeline), so its device config is
+    empty. A client that drives BMv2 and this target alike may push BMv2's JSON to both: that
+    is accepted when it is the JSON of the same program, i.e. every table of the P4Info is one
+    of its pipelines' tables. Anything else (another program's JSON, another target's binary,
+    garbage) is refused rather than silently ignored.
+
+    Args:
+        schema: the P4Info the config comes with.
+        blob: the p4_device_config.
+
+    Raises:
+        InvalidArgumentError: the config is neither empty nor that program's BMv2 JSON.
     """
     if not blob:
         return
@@ -700,10 +710,25 @@ def _check_device_config(blob: bytes) -> None:
         doc = json.loads(blob)
     except ValueError:  # UnicodeDecodeError included
         doc = None
-    if not isinstance(doc, dict) or not isinstance(doc.get("pipelines"), list):
+    pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
+    if not isinstance(pipelines, list):
         raise InvalidArgumentError(
             f"p4_device_config ({len(blob)} bytes) is neither empty nor a BMv2 JSON: the "
             "reference target runs its own pipeline and takes no other device config"
+        )
+    names = {
+        t.get("name")
+        for p in pipelines
+        if isinstance(p, dict)
+        for t in p.get("tables", ())
+        if isinstance(t, dict)
+    }
+    missing = sorted(t.name for t in schema.tables.values() if t.name not in names)
+    if missing:
+        raise InvalidArgumentError(
+            f"p4_device_config is a BMv2 JSON of another program: it has no table "
+            f"{missing[0]!r} of the P4Info ({len(missing)} missing); the reference target "
+            "takes an empty device config or the JSON of the program the P4Info describes"
         )
 
 
@@ -1107,8 +1132,8 @@ class SwitchState:
 
         Args:
             p4info: the program's P4Info.
-            device_config: empty, or a BMv2 JSON (kept for GetForwardingPipelineConfig; the
-                reference target runs its own pipeline, so anything else is refused).
+            device_config: empty, or the program's BMv2 JSON (kept for
+                GetForwardingPipelineConfig; see :func:`check_device_config`).
             initial_defaults: table name -> the program's default action (P4Info carries no
                 default parameters); other tables default to the P4Info initial default action,
                 else the const default action, else NoAction.
@@ -1124,8 +1149,9 @@ class SwitchState:
             UnimplementedError: the P4Info uses something the reference target lacks.
             FailedPreconditionError: reconcile could not carry an entry over.
         """
-        _check_device_config(bytes(device_config))
-        new = _Pipeline(PipelineSchema(p4info), bytes(device_config), cookie, initial_defaults)
+        schema = PipelineSchema(p4info)
+        check_device_config(schema, bytes(device_config))
+        new = _Pipeline(schema, bytes(device_config), cookie, initial_defaults)
         with self._lock:
             old = self._pipe
             if reconcile and old.schema is not None:

@@ -4,6 +4,9 @@
 # with system site-packages so that Debian's mininet imports inside it.
 # Then vLLM 0.33.0 on the same CPU torch, for the KV connector (requirements-vllm.txt says how;
 # KVCAST_SKIP_VLLM=1 leaves it out, and its tests then skip).
+# Then p4runtime-shell in a venv of its own, .venv-p4rt-shell (it pins protobuf < 3.21, which the
+# project's protobuf 5 excludes), for the conformance test that drives both targets with it
+# (KVCAST_SKIP_P4RT_SHELL=1 leaves it out, and that test then skips).
 # Idempotent: a second run only checks. BMv2 and p4c are NOT installed here (they are optional;
 # see docs/bmv2.md); tests that need them skip with a reason.
 set -euo pipefail
@@ -60,5 +63,17 @@ if [ "${KVCAST_SKIP_VLLM:-0}" != 1 ] &&
   } > .venv/pip-vllm.log 2>&1 || {
     tail -n 40 .venv/pip-vllm.log >&2; echo "setup: installing vLLM failed" >&2; exit 1; }
   touch "$vstamp"
+fi
+P4SH_VERSION=0.0.6
+p4sh_stamp=.venv-p4rt-shell/.kvcast-p4runtime-shell-$P4SH_VERSION
+if [ "${KVCAST_SKIP_P4RT_SHELL:-0}" != 1 ] && [ ! -f "$p4sh_stamp" ]; then
+  echo "setup: installing p4runtime-shell $P4SH_VERSION into .venv-p4rt-shell (log: .venv-p4rt-shell.log)"
+  {
+    "$PY" -m venv .venv-p4rt-shell &&
+    .venv-p4rt-shell/bin/pip install "p4runtime-shell==$P4SH_VERSION" &&
+    .venv-p4rt-shell/bin/python -c 'import p4runtime_sh.shell'
+  } > .venv-p4rt-shell.log 2>&1 || {
+    tail -n 40 .venv-p4rt-shell.log >&2; echo "setup: installing p4runtime-shell failed" >&2; exit 1; }
+  touch "$p4sh_stamp"
 fi
 echo "setup: ok ($(.venv/bin/python --version), data path: $(.venv/bin/python -c 'from kvcast.native import describe; print(describe())'))"

@@ -20,7 +20,8 @@ def test_impairment_specs_parse_and_refuse_nonsense() -> None:
         "loss=0.01,reorder=0.05",
     )
     assert str(ImpairSpec.parse("")) == "none"
-    for bad in ("loss=2", "jitter=0.1", "loss"):
+    assert ImpairSpec.parse("jitter=0.005").jitter == 0.005
+    for bad in ("loss=2", "jitter=2", "delay=0.1", "loss"):
         with pytest.raises(ValueError):
             ImpairSpec.parse(bad)
 
@@ -47,6 +48,25 @@ def test_the_impairment_stage_does_what_it_says() -> None:
         )
 
 
+def test_jitter_delays_each_frame_within_its_bound_and_loses_none() -> None:
+    now = [0.0]
+    sent: list[tuple[float, bytes]] = []
+    imp = Impairment(ImpairSpec(jitter=0.01, seed=2), clock=lambda: now[0])
+    frames = [i.to_bytes(2, "big") * 40 for i in range(500)]
+    sent_at: dict[bytes, float] = {}
+    for f in frames:
+        sent_at[f] = now[0]
+        imp.send(1, f, lambda _port, frame: sent.append((now[0], frame)))
+        now[0] += 0.001
+    while imp.next_due() is not None:
+        now[0] += imp.next_due() or 0.0
+        imp.release_due(lambda _port, frame: sent.append((now[0], frame)))
+    assert sorted(f for _, f in sent) == sorted(frames)  # none lost, none repeated
+    assert all(0.0 <= t - sent_at[f] <= 0.01 + 0.001 for t, f in sent)
+    assert [f for _, f in sent] != frames  # delays that cross reorder, as netem's jitter
+    assert imp.counts["delayed"] == 500
+
+
 @pytest.mark.slow
 @pytest.mark.netns
 def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Path) -> None:
@@ -64,3 +84,23 @@ def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Pat
     assert all(r["wrong_bytes"] == "0" for r in recs)
     assert all(int(r["completed"]) + int(r["refused"]) == int(r["attempted"]) for r in recs)
     assert "no netem" in (tmp_path / "faults.txt").read_text()
+    # The restarts: the controller daemon re-programmed the restarted switch, a restarted
+    # daemon adopted the cache without orphans, a restarted pool answered again; hits returned,
+    # no wrong byte.
+    import csv
+
+    with (tmp_path / "restarts.csv").open() as fh:
+        switch, controller, pool = list(csv.DictReader(fh))
+    for row in (switch, controller, pool):
+        assert row["error"] == "" and row["wrong_bytes"] == "0" and row["missing"] == "0", row
+        assert row["hits_return_s"], row
+    assert switch["resync_s"] and controller["resync_s"]
+    assert int(switch["resident_after"]) >= int(switch["resident_before"]), switch
+    assert controller["orphans"] == "0"
+    assert pool["up_s"]  # listening again, its blocks loaded
+    # The switch killed during an incast point: that point refused cleanly, the sweep restarted
+    # and re-programmed the switch, and every later point completed.
+    with (tmp_path / "switch-kill.csv").open() as fh:
+        killed, *later = list(csv.DictReader(fh))
+    assert killed["wrong_bytes"] == "0" and "restarted and re-programmed" in killed["error"]
+    assert len(later) == 3 and all(r["completed"] == r["attempted"] for r in later), later

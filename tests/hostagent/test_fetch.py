@@ -40,6 +40,9 @@ CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 77)
 # succeed, or that count exactly).
 FAST = {"timeout_s": 0.02, "max_timeout_s": 0.08, "max_retries": 2, "deadline_s": 5.0}
 STEADY = {"timeout_s": 0.2, "max_timeout_s": 0.4, "max_retries": 2, "deadline_s": 10.0}
+# STEADY without tail probes (they could fire on a loaded machine): a lost GET is sent again only
+# once later GETs are answered (fast retransmit) or when it times out.
+NO_PROBE = {**STEADY, "tail_probe_min_s": 0.2}
 
 
 def make_client(
@@ -55,6 +58,7 @@ def make_client(
         max_timeout_s=timing["max_timeout_s"],
         max_retries=int(timing["max_retries"]),
         deadline_s=timing["deadline_s"],
+        tail_probe_min_s=timing.get("tail_probe_min_s", 0.2),
         group=group,
     )
 
@@ -173,9 +177,33 @@ def test_lost_fragments_are_retried(backend: InMemoryBackend) -> None:
         out = dst()
         report = client.fetch(TENANT, KEY, out)
     assert report.ok
-    assert report.timeouts == 3 and report.retries == 3
+    assert report.retries == 3
+    assert report.timeouts + report.fast_retransmits + report.tail_probes == 3
     assert not report.fell_back
     assert as_bytes(out) == CHUNK
+
+
+def test_a_lost_get_overtaken_by_later_answers_is_sent_again_before_its_timeout(
+    backend: InMemoryBackend,
+) -> None:
+    with (
+        FakeServer(Dropping(backend, frags={0})) as srv,
+        make_client(srv.address, timing=NO_PROBE) as client,
+    ):
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.ok
+    assert (report.fast_retransmits, report.retries, report.timeouts) == (1, 1, 0)
+
+
+def test_a_lost_get_at_the_tail_is_probed_before_its_timeout(backend: InMemoryBackend) -> None:
+    timing = {**STEADY, "timeout_s": 5.0, "max_timeout_s": 5.0, "tail_probe_min_s": 0.005}
+    responder = Dropping(backend, frags=set())
+    with FakeServer(responder) as srv, make_client(srv.address, timing=timing) as client:
+        k = client.frags_per_get
+        responder.pending = {(NFRAGS - 1) // k * k}  # the last GET's answer is lost
+        report = client.fetch(TENANT, KEY, dst())
+    assert report.ok
+    assert report.timeouts == 0 and report.tail_probes >= 1
 
 
 def test_duplicate_and_reordered_data_complete_the_chunk(backend: InMemoryBackend) -> None:

@@ -322,3 +322,14 @@ def test_a_follower_repairs_a_tail_gap_once_the_last_fragment_came() -> None:
     with PoolServer(backend, "127.0.0.1", 0) as server:
         report = _follow_with_gaps(chunk, {95}, server.address)
     assert report.ok and not report.stalled and report.repairs == 1
+
+
+def test_a_follower_whose_stream_lost_its_last_fragments_repairs_without_a_stall() -> None:
+    """The stream's last fragments never come: nothing tells the follower it went past them."""
+    chunk = os.urandom(100 * c.FRAG_BYTES)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    with PoolServer(backend, "127.0.0.1", 0) as server:
+        report = _follow_with_gaps(chunk, {98, 99}, server.address)
+    # Repaired once the stream in its tail went quiet, not after the 5 s stall.
+    assert report.ok and not report.stalled and report.repairs >= 2

@@ -56,7 +56,7 @@ FORWARD_ID, DROP_ID = 16777218, 16777220
 DIGEST = "hot_miss_digest_t"
 Set = p4r.SetForwardingPipelineConfigRequest
 Get = p4r.GetForwardingPipelineConfigRequest
-BLOB_V2 = b'{"pipelines": [{"name": "v2"}]}'
+BLOB_V2 = BLOB.replace(b'"ingress"', b'"v2"')
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -759,8 +759,17 @@ def test_a_normal_entry_in_a_keyless_table_is_invalid_argument(
     assert installed.entries("Ingress.config") == []
 
 
-@pytest.mark.parametrize("blob", [b"garbage", b"\xff\x00", b"[1, 2]", b'{"no": "pipelines"}'])
-def test_a_device_config_that_is_not_bmv2_json_is_refused(
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"garbage",
+        b"\xff\x00",
+        b"[1, 2]",
+        b'{"no": "pipelines"}',
+        b'{"pipelines": [{"name": "ingress", "tables": [{"name": "Other.table"}]}]}',
+    ],
+)
+def test_a_device_config_that_is_not_this_programs_bmv2_json_is_refused(
     stub: p4r_grpc.P4RuntimeStub, state: SwitchState, blob: bytes
 ) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=blob)
@@ -772,3 +781,30 @@ def test_a_device_config_that_is_not_bmv2_json_is_refused(
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "device_config" in (err.details() or "")
     assert not state.ready
+
+
+def test_verify_checks_the_device_config_too(stub: p4r_grpc.P4RuntimeStub) -> None:
+    config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=b"garbage")
+    err = status_of(
+        lambda: stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY, config=config))
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_empty_device_config_is_the_reference_targets_own(
+    stub: p4r_grpc.P4RuntimeStub, state: SwitchState
+) -> None:
+    config = p4r.ForwardingPipelineConfig(p4info=make_p4info())
+    stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config))
+    assert state.ready and state.device_config == b""
+
+
+def test_direct_counter_of_the_default_entry_reads_back_with_its_action(
+    stub: p4r_grpc.P4RuntimeStub, installed: SwitchState
+) -> None:
+    query = p4r.Entity()
+    query.direct_counter_entry.table_entry.table_id = CACHE_ID
+    query.direct_counter_entry.table_entry.is_default_action = True
+    (entity,) = read(stub, query)
+    te = entity.direct_counter_entry.table_entry
+    assert te.is_default_action and not te.match and te.action.action.action_id != 0

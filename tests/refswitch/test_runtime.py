@@ -5,6 +5,7 @@ P4INFO_TEXT is also the program of tests/refswitch/test_p4rt_server.py.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -28,7 +29,11 @@ from refswitch.runtime import (
     WriteOp,
 )
 
-BLOB = b'{"pipelines": [{"name": "ingress"}]}'  # what a BMv2 client pushes
+# What a BMv2 client pushes: a BMv2 JSON whose pipelines hold the P4Info's tables.
+_TABLES = ["port_role", "cache", "route", "acl", "config", "fixed"]
+BLOB = json.dumps(
+    {"pipelines": [{"name": "ingress", "tables": [{"name": f"Ingress.{t}"} for t in _TABLES]}]}
+).encode()
 
 P4INFO_TEXT = """
 pkg_info { name: "test.p4" arch: "v1model" }
