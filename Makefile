@@ -4,7 +4,7 @@ P4C     ?= $(shell command -v p4c-bm2-ss 2>/dev/null || { [ -x /opt/p4/bin/p4c-b
 P4_MAIN := p4src/v1model/kvcast.p4
 P4_OUT  := p4src/build
 P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
-P4C_TOFINO ?= $(shell command -v p4c-barefoot 2>/dev/null || command -v bf-p4c 2>/dev/null || { [ -x /opt/p4-tofino/bin/p4c-barefoot ] && echo /opt/p4-tofino/bin/p4c-barefoot; })
+P4C_TOFINO ?= $(shell command -v bf-p4c 2>/dev/null || { [ -x /opt/p4-tofino/bin/bf-p4c ] && echo /opt/p4-tofino/bin/bf-p4c; })
 P4TEST  ?= $(shell command -v p4test 2>/dev/null || { [ -x /opt/p4/bin/p4test ] && echo /opt/p4/bin/p4test; })
 
 .PHONY: setup demo test test-fast p4 p4-tofino constants bench fuzz faults lint clean
@@ -32,17 +32,28 @@ $(P4_OUT)/kvcast.p4info.txtpb: $(P4_SRC)
 	$(P4C) --std p4-16 -I p4src $(P4_MAIN) -o $(P4_OUT)/kvcast.json \
 	    --p4runtime-files $(P4_OUT)/kvcast.p4info.txtpb
 
-## p4-tofino: compile p4src/tna for Tofino-1 with p4c's Tofino backend into build/tofino
-## (where only p4test and TNA's includes exist: the front/mid-end check; docs/tofino.md)
+## p4-tofino: compile p4src/tna for Tofino-1 with the bf-p4c driver (p4c's Tofino backend and
+## its assembler, which refuses a program over 12 stages) into build/tofino, and write what it
+## placed into p4src/build/tofino (summary.json, P4Info, resource logs; docs/tofino.md), and
+## build/tofino/kvcast.conf, the device config a Stratum switch is given (docs/tofino.md).
+## CPU_PORT=320 compiles for a 4-pipe part. Where only p4test and TNA's includes exist: the
+## front/mid-end check.
+CPU_PORT ?=
 p4-tofino:
 	@if [ -n "$(P4C_TOFINO)" ]; then \
-	    mkdir -p build/tofino && \
-	    $(P4C_TOFINO) --target tofino --arch tna -I p4src -o build/tofino \
-	        --p4runtime-files build/tofino/kvcast.p4info.txtpb p4src/tna/kvcast.p4; \
+	    rm -rf build/tofino && mkdir -p build/tofino && \
+	    $(P4C_TOFINO) --target tofino --arch tna --verbose 1 -I p4src -o build/tofino \
+	        $(if $(CPU_PORT),-DCPU_PORT_NUM=$(CPU_PORT)) \
+	        --p4runtime-files build/tofino/kvcast.p4info.txtpb \
+	        --bf-rt-schema build/tofino/bf-rt.json p4src/tna/kvcast.p4 && \
+	    { [ -f build/tofino/kvcast.conf ] || { gen=$$(dirname $$(readlink -f $(P4C_TOFINO)))/p4c-gen-conf; \
+	      [ ! -x "$$gen" ] || (cd build/tofino && $$gen --conf-type BF-RT --bfrt-name bf-rt.json \
+	        --name kvcast --device tofino --p4-version p4-16 --outputdir . --pipe pipe); }; } && \
+	    $(PY) -m kvcast.tofino_summary build/tofino p4src/build/tofino; \
 	else \
 	    inc=$$($(PY) -c 'from emulation.targets import tna_include_dir as t; print(t() or "")'); \
-	    [ -n "$(P4TEST)" ] && [ -n "$$inc" ] || { echo "neither p4c-barefoot nor p4test with tna.p4 found (docs/tofino.md)"; exit 1; }; \
-	    echo "p4c-barefoot not found: front/mid-end check only (p4test, $$inc)"; \
+	    [ -n "$(P4TEST)" ] && [ -n "$$inc" ] || { echo "neither bf-p4c nor p4test with tna.p4 found (docs/tofino.md)"; exit 1; }; \
+	    echo "bf-p4c not found: front/mid-end check only (p4test, $$inc)"; \
 	    $(P4TEST) --std p4-16 -D__TARGET_TOFINO__ -I p4src -I $$inc --Wdisable=unused p4src/tna/kvcast.p4; \
 	fi
 

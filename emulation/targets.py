@@ -84,8 +84,12 @@ def p4test_binary() -> str | None:
 
 
 def tofino_compiler() -> str | None:
-    """Path of p4c's Tofino backend (``p4c-barefoot``, or Intel's ``bf-p4c``), or None."""
-    return _find("p4c-barefoot") or _find("bf-p4c")
+    """Path of the ``bf-p4c`` driver of p4c's Tofino backend, or None.
+
+    The driver, not the ``p4c-barefoot`` binary alone: only the driver runs the assembler,
+    which is what refuses a program that needs more than the chip's 12 stages.
+    """
+    return _find("bf-p4c")
 
 
 def tna_include_dir() -> Path | None:

@@ -49,7 +49,9 @@ EV_COUNT: Final = 7
 PORT_ROLE_HOST: Final = 0
 PORT_ROLE_POOL: Final = 1
 PORT_ROLE_DENY: Final = 2
+PORT_ROLE_FANOUT: Final = 3
 KVP_GET_FLAGS_ALLOWED: Final = 4
+WRITE_FANOUT_GROUP: Final = 32767
 HOT_MISS_DIGEST_RECEIVER: Final = 1
 
 # --- p4src/shared/sizes.p4 (this target)

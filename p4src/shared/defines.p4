@@ -67,9 +67,18 @@ const bit<32> EV_COUNT = 7;
 const bit<8> PORT_ROLE_HOST = 0;
 const bit<8> PORT_ROLE_POOL = 1;
 const bit<8> PORT_ROLE_DENY = 2;
+// A loopback port of the WRITE fan-out (Tofino): a WRITE coming back in on it is the control
+// plane's, multicast to this pipe to be stored here. Hosts cannot reach such a port.
+const bit<8> PORT_ROLE_FANOUT = 3;
 
 // GET flags a host may set; the switch clears every other bit of a GET's flags.
 const bit<8> KVP_GET_FLAGS_ALLOWED = 0x04;
+
+// Multicast group of the WRITE fan-out on a switch with several pipes (Tofino): one loopback
+// port per pipe, so that every pipe stores the fragment. Never a host group: the controller
+// allocates host groups below it and no group_member entry names it. The highest id that
+// P4Runtime servers built on PI accept (they keep the ids from 2^15 on for themselves).
+const bit<16> WRITE_FANOUT_GROUP = 0x7FFF;
 
 // Receiver id of hot-miss digests.
 const bit<32> HOT_MISS_DIGEST_RECEIVER = 1;

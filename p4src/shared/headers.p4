@@ -63,7 +63,7 @@ header kvp_t {
     bit<32>      crc;
 }
 
-// One fragment as FRAG_WORDS words of WORD_BITS bits (32 x 64 on BMv2, 32 x 32 on Tofino): the
+// One fragment as FRAG_WORDS words of WORD_BITS bits (32 x 64 on BMv2, 24 x 32 on Tofino): the
 // GET placeholder the switch overwrites on a hit, and the payload of a WRITE. Words are
 // big-endian, so the payload bytes keep their order.
 header kvp_value_t {
@@ -83,6 +83,7 @@ header kvp_value_t {
     bit<WORD_BITS> w13;
     bit<WORD_BITS> w14;
     bit<WORD_BITS> w15;
+#if FRAG_WORDS > 16
     bit<WORD_BITS> w16;
     bit<WORD_BITS> w17;
     bit<WORD_BITS> w18;
@@ -91,14 +92,19 @@ header kvp_value_t {
     bit<WORD_BITS> w21;
     bit<WORD_BITS> w22;
     bit<WORD_BITS> w23;
+#endif
+#if FRAG_WORDS > 24
     bit<WORD_BITS> w24;
     bit<WORD_BITS> w25;
     bit<WORD_BITS> w26;
     bit<WORD_BITS> w27;
+#endif
+#if FRAG_WORDS > 28
     bit<WORD_BITS> w28;
     bit<WORD_BITS> w29;
     bit<WORD_BITS> w30;
     bit<WORD_BITS> w31;
+#endif
 }
 
 // P4Runtime PacketOut metadata: egress_port 0 means "run the packet through ingress as if it

@@ -9,17 +9,24 @@
 #ifdef __TARGET_TOFINO__
 // A Tofino-1 stage has 4 stateful ALUs and each returns one 32-bit value per pass (TNA's
 // RegisterAction has a single output; wider outputs are Tofino-2's RegisterAction2..4), so a
-// fragment is 32 words of 32 bits read by 32 stateful ALUs in 8 of the 12 stages: the 128 B per
-// pass that NetCache and FarReach reach once lookup and metadata stages are paid for.
+// fragment is FRAG_WORDS words of 32 bits, one stateful ALU each. What the compiler placed
+// (p4src/build/tofino/summary.json, docs/tofino.md): in stages 1-11 the fragment store's slot
+// fields take 3 stateful ALUs and the sketch 4, and the ingress verdict fills the logical tables
+// of two stages, which leaves room for 24 words (96 B): 28 words took 13 stages.
 #define WORD_BITS 32
-#define FRAG_WORDS 32
-#define FRAG_BYTES 128
-// 32768 x 32 bit = 128 KiB per word register (8 SRAM blocks of a stage's 80), 4 registers per
-// stage; 32 registers hold 32768 x 128 B = 4 MiB of fragments per pipe.
+#define FRAG_WORDS 24
+#define FRAG_BYTES 96
+// 32768 x 32 bit = 128 KiB per word register (8 SRAM blocks), so that a stage holds four
+// (65536 slots take 16 blocks each and the compiler then places two per stage); 24 registers
+// hold 32768 x 96 B = 3 MiB of fragments per pipe.
 #define NUM_FRAG_SLOTS 32768
 #define SLOT_ADDR_BITS 15
 #define CACHE_ENTRIES 16384
+// The CPU (PCIe) port: 192 on a 2-pipe Tofino-1, 320 on a 4-pipe one (pipe 2); it differs by
+// part and board, so `make p4-tofino CPU_PORT=320` compiles for another one.
+#ifndef CPU_PORT_NUM
 #define CPU_PORT_NUM 192
+#endif
 #else
 // BMv2 has no per-stage register budget; 32 words (256 B) keep the 32 register reads per pass
 // cheap next to BMv2's per-packet overhead, and a GET with its 256 B placeholder stays far under
@@ -70,6 +77,9 @@
 #endif
 #if (1 << POOL_BUCKET_BITS) != POOL_BUCKETS
 #error "POOL_BUCKETS must be 2^POOL_BUCKET_BITS"
+#endif
+#if FRAG_WORDS != 32 && FRAG_WORDS != 28 && FRAG_WORDS != 24 && FRAG_WORDS != 16
+#error "FRAG_WORDS must be 16, 24, 28 or 32 (kvp_value_t and the word slices come in fours)"
 #endif
 #if CACHE_ENTRIES > NUM_FRAG_SLOTS
 #error "more cache entries than fragment slots: some entries could never hold a fragment"

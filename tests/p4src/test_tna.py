@@ -14,13 +14,14 @@ Three levels, each as strong as the tools present allow:
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 
+from controlplane.targets import pack_bf_pipeline_config, unpack_bf_pipeline_config
 from emulation.targets import (
     BUILD,
     REPO,
@@ -29,6 +30,9 @@ from emulation.targets import (
     tna_include_dir,
     tofino_compiler,
 )
+from kvcast.tofino_summary import summarize
+
+TOFINO_BUILD = REPO / "p4src" / "build" / "tofino"
 
 TNA_MAIN = REPO / "p4src" / "tna" / "kvcast.p4"
 TNA_SOURCES = sorted((REPO / "p4src" / "tna").rglob("*.p4"))
@@ -38,6 +42,14 @@ ABSENT_ON_TOFINO = {
     # Egress counts drops only; its Stats instance on BMv2 also declares the event counter,
     # which egress never uses.
     "KvcastEgress.stats.kvp_event_counter": "egress counts no events",
+    # The structural checks open the ingress verdict chain on Tofino (drop(DROP_MALFORMED)),
+    # where they cost no stage of their own; KvpValidate only computes the lengths.
+    "KvcastIngress.kvp_validate.malformed": "checks made in the ingress verdict chain",
+    # Tofino fragments are 24 words of 32 bits (sizes.p4: what fits in 12 stages).
+    **{
+        f"KvcastIngress.fragments.slice_{i:02d}.frag_word": "Tofino fragments are 24 words"
+        for i in range(24, 32)
+    },
 }
 # TNA entities the v1model program does not have, and why.
 EXTRA_ON_TOFINO = {
@@ -97,7 +109,7 @@ def test_tna_declares_every_v1model_entity_under_the_same_name() -> None:
             if f'@name("{mf.name}")' not in block:
                 problems.append(f"{table.preamble.name}: no match field named {mf.name!r}")
     for action in info.actions:
-        if action.preamble.name == "NoAction":
+        if action.preamble.name == "NoAction" or action.preamble.name in ABSENT_ON_TOFINO:
             continue
         local = _check_path(source, action.preamble.name, problems)
         block = _block(source, "action", local)
@@ -163,45 +175,102 @@ def test_tna_program_passes_p4c_front_and_mid_end() -> None:
     assert "error" not in proc.stderr.lower(), proc.stderr[-3000:]
 
 
-def test_tna_program_compiles_for_tofino_with_the_same_p4info_names(tmp_path: Path) -> None:
+def _blocks(text: str, key: str) -> list[str]:
+    """The bodies of the top-level ``key { ... }`` blocks of a text-format message."""
+    out = []
+    for match in re.finditer(rf"^{key} {{", text, flags=re.M):
+        depth, start = 0, match.end() - 1
+        for j in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                out.append(text[start : j + 1])
+                break
+    return out
+
+
+def _preamble_names(block: str) -> list[str]:
+    return [n.removeprefix("pipe.") for n in re.findall(r'preamble \{[^}]*?name: "([^"]+)"', block)]
+
+
+# The extern types of bf-p4c's P4Info that the v1model P4Info has as registers and counters.
+_EXTERN_KINDS = {"Register", "Counter", "DirectCounter"}
+
+
+def _names(text: str) -> set[str]:
+    """Tables, the actions they use, registers and counters of a P4Info (BMv2's or bf-p4c's).
+
+    bf-p4c writes registers and counters as TNA externs (``barefoot.Register`` ...), which
+    text_format cannot parse without Intel's protos, so the names are read from the text.
+    """
+    out: set[str] = set()
+    for table in _blocks(text, "tables"):
+        out.update(_preamble_names(table)[:1])
+    refs = r"action_refs \{\s*id: (\d+)"
+    table_actions = {int(i) for t in _blocks(text, "tables") for i in re.findall(refs, t)}
+    for action in _blocks(text, "actions"):
+        ident = int(re.search(r"id: (\d+)", action).group(1))  # type: ignore[union-attr]
+        if ident in table_actions:
+            out.update(_preamble_names(action))
+    for key in ("registers", "counters", "direct_counters"):
+        for block in _blocks(text, key):
+            out.update(_preamble_names(block))
+    for ext in _blocks(text, "externs"):
+        kind = re.search(r'extern_type_name: "([^"]+)"', ext)
+        if kind and kind.group(1) in _EXTERN_KINDS:
+            out.update(_preamble_names(ext))
+    return out
+
+
+def _check_same_names(tna_text: str) -> None:
+    v1 = _names((BUILD / "kvcast.p4info.txtpb").read_text())
+    tna = _names(tna_text)
+    missing = v1 - tna - set(ABSENT_ON_TOFINO)
+    extra = tna - v1 - EXTRA_ON_TOFINO
+    assert not missing and not extra, f"missing on Tofino: {missing}; extra: {extra}"
+
+
+def test_the_committed_tofino_p4info_names_the_v1model_entities() -> None:
+    _check_same_names((TOFINO_BUILD / "kvcast.p4info.txtpb").read_text())
+
+
+def test_tna_program_compiles_for_tofino_as_the_committed_summary_says(tmp_path: Path) -> None:
     compiler = tofino_compiler()
     if compiler is None:
-        pytest.skip("p4c's Tofino backend (p4c-barefoot or bf-p4c) not installed (docs/tofino.md)")
-    p4info_path = tmp_path / "kvcast_tna.p4info.txtpb"
+        pytest.skip("bf-p4c (the driver of p4c's Tofino backend) not installed (docs/tofino.md)")
+    out = tmp_path / "out"
     proc = subprocess.run(
-        [
-            compiler,
-            "--target",
-            "tofino",
-            "--arch",
-            "tna",
-            "-I",
-            "p4src",
-            "--p4runtime-files",
-            str(p4info_path),
-            "-o",
-            str(tmp_path / "out"),
-            str(TNA_MAIN.relative_to(REPO)),
-        ],  # fmt: skip
+        [compiler, "--target", "tofino", "--arch", "tna", "--verbose", "1", "-I", "p4src",
+         "-o", str(out), "--p4runtime-files", str(out / "kvcast.p4info.txtpb"),
+         "--bf-rt-schema", str(out / "bf-rt.json"), str(TNA_MAIN.relative_to(REPO))],
         capture_output=True,
         text=True,
         timeout=3000,
         cwd=REPO,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, f"the Tofino backend rejects p4src/tna:\n{proc.stderr[-4000:]}"
-    from finsy.proto import p4i
+    _check_same_names((out / "kvcast.p4info.txtpb").read_text())
+    gen = Path(compiler).resolve().parent / "p4c-gen-conf"
+    if gen.exists() and not (out / "kvcast.conf").exists():
+        subprocess.run(
+            [str(gen), "--conf-type", "BF-RT", "--bfrt-name", "bf-rt.json", "--name", "kvcast",
+             "--device", "tofino", "--p4-version", "p4-16", "--outputdir", ".", "--pipe", "pipe"],
+            check=True, cwd=out, capture_output=True,
+        )  # fmt: skip
+    if (out / "kvcast.conf").exists():
+        # What the controller gives a Stratum switch: the compiler's binary, packed.
+        packed = unpack_bf_pipeline_config(pack_bf_pipeline_config(out / "kvcast.conf"))
+        assert packed.p4_name == "kvcast"
+        assert packed.profiles[0].binary == (out / "pipe" / "tofino.bin").read_bytes()
+    fresh = summarize(out)
+    committed = json.loads((TOFINO_BUILD / "summary.json").read_text())
+    for key in ("source_sha256", "stages_used", "sram_blocks", "tcam_blocks", "stateful_alus",
+                "kv_bytes_per_pipe", "frag_bytes"):  # fmt: skip
+        assert fresh[key] == committed[key], (key, fresh[key], committed[key])
 
-    tna = text_format.Parse(p4info_path.read_text(), p4i.P4Info())
-    v1 = load_p4info(BUILD / "kvcast.p4info.txtpb")
 
-    def names(info: p4i.P4Info) -> set[str]:
-        out: set[str] = set()
-        for group in (info.tables, info.actions, info.registers, info.counters,
-                      info.direct_counters):  # fmt: skip
-            # bf-p4c prefixes the pipe's name ("pipe.KvcastIngress...").
-            out |= {e.preamble.name.removeprefix("pipe.") for e in group}
-        return out
-
-    missing = names(v1) - names(tna) - set(ABSENT_ON_TOFINO)
-    extra = names(tna) - names(v1) - EXTRA_ON_TOFINO
-    assert not missing and not extra, f"missing on Tofino: {missing}; extra: {extra}"
+def test_the_p4info_names_check_fails_on_a_missing_register() -> None:
+    text = (TOFINO_BUILD / "kvcast.p4info.txtpb").read_text()
+    broken = text.replace("KvcastIngress.fragments.frag_epoch", "KvcastIngress.fragments.epochs")
+    assert broken != text
+    with pytest.raises(AssertionError, match="frag_epoch"):
+        _check_same_names(broken)

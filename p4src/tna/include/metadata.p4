@@ -7,7 +7,9 @@
 typedef bit<SLOT_ADDR_BITS> slot_addr_t;
 
 // What ingress tells egress, in front of every packet it sends on: the port the packet came in
-// on (the PacketIn metadata of packets to the CPU port).
+// on (the PacketIn metadata of packets to the CPU port). The port sits where it sits in the
+// ingress intrinsic metadata; egress copies both fields into packet_in_t (a rotation of one PHV
+// source, which Tofino's ALUs do as long as no constant joins it).
 header bridged_md_t {
     bit<7>   pad;
     PortId_t ingress_port;
@@ -26,12 +28,14 @@ struct headers_t {
 
 struct local_metadata_t {
     bit<8>       port_role;
-    // Source binding of a host port (PortRole) and the verdicts of its tenant and group checks.
+    // Source binding of a host port (PortRole), whether the GET's tenant and group are listed
+    // for the port, and the XOR of the source address with the bound one.
     bool         bound;
     ipv4_addr_t  bound_addr;
     bit<8>       check_tenant;
-    bool         tenant_ok;
-    bool         group_ok;
+    bool         tenant_listed;
+    bool         group_listed;
+    ipv4_addr_t  src_mismatch;
     bool         from_cpu;
     // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
     // L2/L3 lookup is skipped.
@@ -42,22 +46,48 @@ struct local_metadata_t {
     bit<32>      event;
     bool         hot_reported;
     bool         checksum_error;
+    // Set by the parser: a KVP GET, a KVP WRITE (whose slot_addr it sets from the index).
+    bool         op_get;
+    bool         op_write;
     // Cache lookup result.
     bool         hit;
-    slot_index_t slot_base;
     bit<16>      frag_count;
     epoch_t      epoch;
-    // The fragment slot this packet reads or writes (bounds-checked), its register address,
-    // and the epoch stored with it.
-    slot_index_t slot;
+    // The fragment slot a GET that hit reads (computed by the cache entry's action) or a WRITE
+    // stores, and whether the slot holds another load than the entry's epoch names.
     slot_addr_t  slot_addr;
-    epoch_t      frag_epoch;
-    bit<32>      hot_threshold;
-    bit<32>      sketch_window;
-    bit<32>      sketch_min01;
+    bit<8>       stale;
+    // The slot's CRC and length, for the reply.
+    bit<32>      stored_crc;
+    bit<16>      stored_len;
+    // KvpValidate's lengths: KVP bytes by the UDP length, IPv4 payload bytes, their XOR with
+    // the UDP length, and by how much the payload overruns the KVP bytes (saturating at 0).
+    bit<16>      kvp_bytes;
+    bit<16>      ip_payload;
+    bit<16>      len_mismatch;
+    bit<16>      overrun;
+    bit<16>      frag_over;  // payload_len - (FRAG_BYTES + 1) (KvpValidate)
+    // frag_count - frag_idx of a GET that hit, saturating (0: beyond the chunk).
+    bit<16>      frag_left;
+    // The sketch: whether this GET is counted (a miss no check refused), the configuration
+    // (threshold, window id, and the report register's mark for this window), and the
+    // threshold minus min(row 0, row 1) and minus row 2, saturating (both 0: report).
+    bool         count_miss;
+    bit<16>      sketch_threshold;
+    bit<32>      hot_threshold;  // the threshold, as the digest carries it
+    bit<16>      sketch_window;
+    bit<32>      report_mark;
+    bit<16>      sketch_c0;  // the rows' counts of this key in this window
+    bit<16>      sketch_c1;
+    bit<16>      sketch_c2;
+    bit<16>      sketch_min01;
+    bit<16>      sketch_short01;
+    bit<16>      sketch_short2;
 }
 
-// Egress parses the packet again; it needs the KVP header only (replica rewrite).
+// Egress parses the packet again; it needs the KVP header only (replica rewrite). Tofino-1's
+// egress parser reaches 160 bytes into a packet, counting its intrinsic metadata, which leaves no
+// room for a fragment behind the headers: the fragment store lives in ingress.
 struct egress_headers_t {
     bridged_md_t bridged;
     packet_in_t  packet_in;

@@ -12,24 +12,9 @@ parser KvcastIngressParser(packet_in packet, out headers_t hdr, out local_metada
     state start {
         packet.extract(ig_intr_md);
         packet.advance(PORT_METADATA_SIZE);
-        meta.port_role = PORT_ROLE_HOST;
-        meta.from_cpu = false;
-        meta.done = false;
-        meta.drop = false;
-        meta.drop_reason = 0;
-        meta.count_event = false;
-        meta.event = 0;
-        meta.hot_reported = false;
-        meta.checksum_error = false;
-        meta.hit = false;
-        meta.slot_base = 0;
-        meta.frag_count = 0;
-        meta.epoch = 0;
-        meta.slot = 0;
-        meta.slot_addr = 0;
-        meta.frag_epoch = 0;
-        meta.hot_threshold = 0;
-        meta.sketch_window = 0;
+        // Metadata starts at zero (false; PORT_ROLE_HOST), as main's @pa_auto_init_metadata
+        // asks: assignments here would become a stage of their own that every table writing
+        // these fields would wait for.
         transition select(ig_intr_md.ingress_port) {
             CPU_PORT_NUM: parse_packet_out;
             default: parse_ethernet;
@@ -73,13 +58,27 @@ parser KvcastIngressParser(packet_in packet, out headers_t hdr, out local_metada
         }
     }
 
+    // The parser tells the fragment store what a packet asks of it, so that the store can run
+    // from the first stage that knows whether the GET hit (or where the WRITE came in).
     state parse_kvp {
         packet.extract(hdr.kvp);
         transition select(hdr.kvp.op) {
-            KVP_OP_GET: parse_value;
-            KVP_OP_WRITE: parse_value;
+            KVP_OP_GET: parse_get;
+            KVP_OP_WRITE: parse_write;
             default: accept;
         }
+    }
+
+    state parse_get {
+        meta.op_get = true;
+        transition parse_value;
+    }
+
+    state parse_write {
+        meta.op_write = true;
+        meta.slot_addr = hdr.kvp.index[SLOT_ADDR_BITS - 1:0];
+        meta.epoch = hdr.kvp.epoch;
+        transition parse_value;
     }
 
     state parse_value {
@@ -117,8 +116,6 @@ parser KvcastEgressParser(packet_in packet, out egress_headers_t hdr, out egress
                           out egress_intrinsic_metadata_t eg_intr_md) {
     state start {
         packet.extract(eg_intr_md);
-        meta.drop = false;
-        meta.drop_reason = 0;
         packet.extract(hdr.bridged);
         transition parse_ethernet;
     }

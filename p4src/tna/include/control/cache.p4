@@ -7,11 +7,15 @@ control CacheLookup(in headers_t hdr, inout local_metadata_t meta) {
     DirectCounter<bit<32>>(CounterType_t.PACKETS) cache_counter;
 
     // frag_count bounds the GET's fragment index; epoch must equal the epoch stored with
-    // every fragment of the slot, so a half-reloaded slot is never served under this key.
+    // every fragment of the slot, so a half-reloaded slot is never served under this key. The
+    // action itself computes the slot the GET reads, so the fragment store can follow in the
+    // next stage; slot_base keeps its 32-bit P4Runtime width (the v1model program's), and as
+    // the control plane keeps slot_base + frag_count within NUM_FRAG_SLOTS, its low
+    // SLOT_ADDR_BITS address the slot (frag_idx < frag_count is checked by the caller).
     action cache_hit(slot_index_t slot_base, bit<16> frag_count, epoch_t epoch) {
         cache_counter.count();
         meta.hit = true;
-        meta.slot_base = slot_base;
+        meta.slot_addr = slot_base[SLOT_ADDR_BITS - 1:0] + hdr.kvp.frag_idx[SLOT_ADDR_BITS - 1:0];
         meta.frag_count = frag_count;
         meta.epoch = epoch;
     }

@@ -14,19 +14,21 @@
 #ifndef _KVCAST_TNA_HOT_SKETCH_P4_
 #define _KVCAST_TNA_HOT_SKETCH_P4_
 
+// 16-bit halves: a row's count comes out of the stateful ALU next to its 12-bit hash index, and
+// the two share a 32-bit immediate path.
 struct sketch_cell_t {
-    bit<32> count;
-    bit<32> window;
+    bit<16> count;
+    bit<16> window;
 }
 
 typedef bit<12> cms_index_t;  // log2(CMS_WIDTH)
 
 // One row of the sketch: bumps the key's cell and returns its count in the current window.
-control SketchRow(in cms_index_t index, in bit<32> window, out bit<32> count) {
+control SketchRow(in cms_index_t index, in bit<16> window, out bit<16> count) {
     Register<sketch_cell_t, cms_index_t>(CMS_WIDTH) cms_row;
 
-    RegisterAction<sketch_cell_t, cms_index_t, bit<32>>(cms_row) bump = {
-        void apply(inout sketch_cell_t cell, out bit<32> rv) {
+    RegisterAction<sketch_cell_t, cms_index_t, bit<16>>(cms_row) bump = {
+        void apply(inout sketch_cell_t cell, out bit<16> rv) {
             if (cell.window != window) {
                 cell.window = window;
                 cell.count = 1;
@@ -42,33 +44,15 @@ control SketchRow(in cms_index_t index, in bit<32> window, out bit<32> count) {
     }
 }
 
-control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
-                      inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
-    SketchRow() row0;
-    SketchRow() row1;
-    SketchRow() row2;
-    Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash0;
-    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash1;
-    Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash2;
-    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash_r;
-    // Per cell: 1 above the window id in which a key hashed here was last reported.
-    Register<bit<32>, cms_index_t>(CMS_WIDTH) reported;
-    bit<32> report_mark;
-
-    RegisterAction<bit<32>, cms_index_t, bit<8>>(reported) mark_reported = {
-        void apply(inout bit<32> cell, out bit<8> first) {
-            if (cell != report_mark) {
-                cell = report_mark;
-                first = 1;
-            } else {
-                first = 0;
-            }
-        }
-    };
-
+// The sketch's configuration, read for every packet in the first stage. A control of its own
+// so that it is placed there: the rows wait for the verdict. KvcastIngress names its instance
+// hot_sketch, so the table is hot_sketch.sketch_config on both targets.
+control SketchConfig(inout local_metadata_t meta) {
     action set_sketch_config(bit<16> threshold, bit<16> window) {
+        meta.sketch_threshold = threshold;
         meta.hot_threshold = (bit<32>)threshold;
-        meta.sketch_window = (bit<32>)window;
+        meta.sketch_window = window;
+        meta.report_mark = 32w0x10000 | (bit<32>)window;
     }
 
     // Keyless: the control plane sets the threshold and opens windows by modifying the default
@@ -81,26 +65,72 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
 
     apply {
         sketch_config.apply();
-        cms_index_t i0 = hash0.get({ hdr.kvp.tenant, hdr.kvp.key });
-        cms_index_t i1 = hash1.get({ hdr.kvp.tenant, hdr.kvp.key });
-        cms_index_t i2 = hash2.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] });
-        cms_index_t ir = hash_r.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] });
-        report_mark = 32w0x10000 | meta.sketch_window;
-        bit<32> c0;
-        bit<32> c1;
-        bit<32> c2;
-        row0.apply(i0, meta.sketch_window, c0);
-        row1.apply(i1, meta.sketch_window, c1);
-        row2.apply(i2, meta.sketch_window, c2);
-        // One min per stage: an action whose result feeds itself cannot span stages.
-        meta.sketch_min01 = min(c0, c1);
-        bit<32> estimate = min(meta.sketch_min01, c2);
-        // estimate >= threshold, as a sign test; then once per window per report cell.
-        bit<33> over = (bit<33>)estimate - (bit<33>)meta.hot_threshold;
-        if (over[32:32] == 0) {
-            if (mark_reported.execute(ir) == 1) {
-                ig_dprsr_md.digest_type = HOT_MISS_DIGEST_TYPE;
-                meta.hot_reported = true;
+    }
+}
+
+// The rows count a GET when the caller has set meta.count_miss (a GET that missed and that no
+// check refused), after SketchConfig has read the threshold and window.
+control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
+                      inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
+    SketchRow() row0;
+    SketchRow() row1;
+    SketchRow() row2;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash0;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash1;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash2;
+    Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash_r;
+    // Per cell: 1 above the window id in which a key hashed here was last reported.
+    Register<bit<32>, cms_index_t>(CMS_WIDTH) reported;
+
+    RegisterAction<bit<32>, cms_index_t, bit<8>>(reported) mark_reported = {
+        void apply(inout bit<32> cell, out bit<8> first) {
+            if (cell != meta.report_mark) {
+                cell = meta.report_mark;
+                first = 1;
+            } else {
+                first = 0;
+            }
+        }
+    };
+
+    // estimate >= threshold is min(c0, c1) >= threshold and c2 >= threshold: saturating
+    // differences from the threshold, zero when a count reaches it; two in one stage, the
+    // third in the next, and the condition tests fields rather than arithmetic.
+    action short_of_threshold() {
+        meta.sketch_min01 = min(meta.sketch_c0, meta.sketch_c1);
+        meta.sketch_short2 = meta.sketch_threshold |-| meta.sketch_c2;
+    }
+
+    action short_of_threshold01() {
+        meta.sketch_short01 = meta.sketch_threshold |-| meta.sketch_min01;
+    }
+
+    action report() {
+        ig_dprsr_md.digest_type = HOT_MISS_DIGEST_TYPE;
+        meta.hot_reported = true;
+    }
+
+    // Flat statements rather than one block under meta.count_miss: Tofino-1 places a block as a
+    // unit, and one spanning the sketch's five stages would make the fragment words below wait
+    // for it, or it for them. Each statement is one or two stages.
+    apply {
+        if (meta.count_miss) {
+            // Each row addresses its register with its hash directly (a hash output feeds a
+            // stateful ALU's address without a PHV field; four 12-bit indices in PHV at once
+            // would exceed the 32-bit immediate path of one action).
+            row0.apply(hash0.get({ hdr.kvp.tenant, hdr.kvp.key }), meta.sketch_window,
+                       meta.sketch_c0);
+            row1.apply(hash1.get({ hdr.kvp.tenant, hdr.kvp.key }), meta.sketch_window,
+                       meta.sketch_c1);
+            row2.apply(hash2.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] }),
+                       meta.sketch_window, meta.sketch_c2);
+        }
+        short_of_threshold();
+        short_of_threshold01();
+        if (meta.count_miss && meta.sketch_short01 == 0 && meta.sketch_short2 == 0) {
+            if (mark_reported.execute(
+                    hash_r.get({ hdr.kvp.key[31:0], hdr.kvp.tenant, hdr.kvp.key[63:32] })) == 1) {
+                report();
             }
         }
     }

@@ -28,11 +28,11 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in PortId_t ingr
     }
 
     action tenant_ok() {
-        meta.tenant_ok = true;
+        meta.tenant_listed = true;
     }
 
     action tenant_denied() {
-        meta.tenant_ok = false;
+        meta.tenant_listed = false;
     }
 
     table tenant_binding {
@@ -49,11 +49,11 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in PortId_t ingr
     }
 
     action member() {
-        meta.group_ok = true;
+        meta.group_listed = true;
     }
 
     action not_member() {
-        meta.group_ok = false;
+        meta.group_listed = false;
     }
 
     table group_member {
@@ -69,14 +69,13 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in PortId_t ingr
         size = GROUP_MEMBERS;
     }
 
+    // The three lookups read parsed fields only, so they run side by side in the first stage;
+    // the caller combines them (a tenant must be listed where the port checks tenants, a group
+    // where the port is not a pool node's).
     apply {
         port_role.apply();
-        meta.tenant_ok = true;
-        meta.group_ok = true;
-        if (meta.bound && hdr.kvp.isValid() && meta.check_tenant != 0) {
+        if (hdr.kvp.isValid()) {
             tenant_binding.apply();
-        }
-        if (hdr.kvp.isValid() && hdr.kvp.group != 0 && meta.port_role != PORT_ROLE_POOL) {
             group_member.apply();
         }
     }

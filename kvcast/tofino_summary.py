@@ -1,0 +1,141 @@
+"""What p4c's Tofino backend made of ``p4src/tna``: the committed summary and its inputs.
+
+``make p4-tofino`` compiles the TNA program with the ``bf-p4c`` driver (front end, Tofino
+backend and assembler, which refuses a program over 12 stages) into ``build/tofino``, then runs
+``python -m kvcast.tofino_summary build/tofino p4src/build/tofino``, which copies the P4Info and
+the compiler's resource logs there and writes ``summary.json`` from the compiler's
+``resources.json``:
+
+* ``stages_used``, and per stage the tables, SRAM and TCAM blocks and stateful ALUs placed;
+* ``sram_blocks``, ``tcam_blocks``, ``stateful_alus``: totals over the pipe;
+* ``kv_bytes_per_pipe`` and ``frag_bytes``: the fragment store's size, from the Tofino sizes of
+  ``p4src/shared/sizes.p4``, after checking that every word register was placed;
+* ``source_sha256``: of the P4 sources compiled (:func:`source_sha256`), which a test
+  recomputes, so a summary older than the sources fails CI.
+
+Functions:
+    source_sha256: the hash of the TNA program's sources.
+    summarize: the summary of one build directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvcast.gen_constants import GeneratorError, parse_sizes
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = ("p4src/tna", "p4src/shared")
+# Tofino-1: 12 stages; per stage 80 SRAM blocks, 24 TCAM blocks, 4 stateful ALUs.
+STAGES = 12
+# Pipes of the largest Tofino-1 part; the program serves any number (one fan-out port each).
+PIPES_OF_PART = 4
+# What the compiler writes that the summary keeps, by where it is in the build directory.
+COPIED = {
+    "kvcast.p4info.txtpb": "kvcast.p4info.txtpb",
+    "bf-rt.json": "bf-rt.json",
+    "pipe/logs/resources.json": "resources.json",
+    "pipe/logs/table_summary.log": "table_summary.log",
+    "pipe/logs/phv_allocation_summary_0.log": "phv_allocation_summary.log",
+}
+
+
+def source_sha256(repo: Path = REPO) -> str:
+    """SHA-256 over the relative path and bytes of every ``.p4`` file the TNA program includes.
+
+    Files are taken in sorted path order, each as ``path NUL bytes NUL``.
+    """
+    digest = hashlib.sha256()
+    files = sorted(p for d in SOURCE_DIRS for p in (repo / d).rglob("*.p4"))
+    for path in files:
+        digest.update(path.relative_to(repo).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _stage_rows(resources: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for stage in resources["resources"]["mau"]["mau_stages"]:
+        tables = sorted(t["table_name"] for t in stage["logical_tables"]["ids"])
+        salus = sorted(u["used_by"] for m in stage["meter_alus"]["meters"] for u in m["usages"])
+        rows.append(
+            {
+                "stage": stage["stage_number"],
+                "tables": tables,
+                "sram_blocks": len(stage["rams"]["srams"]),
+                "tcam_blocks": len(stage["tcams"]["tcams"]),
+                "stateful_alus": salus,
+            }
+        )
+    return sorted(rows, key=lambda r: int(r["stage"]))
+
+
+def summarize(build: Path, repo: Path = REPO) -> dict[str, Any]:
+    """The summary of a ``bf-p4c`` output directory.
+
+    Raises:
+        ValueError: the build is incomplete (no binary: the assembler refused it) or the
+            fragment store was not placed whole.
+    """
+    manifest = json.loads((build / "manifest.json").read_text())
+    if not manifest.get("compilation_succeeded") or not (build / "pipe" / "tofino.bin").exists():
+        raise ValueError(f"{build}: the compile did not succeed (no pipe/tofino.bin)")
+    resources = json.loads((build / "pipe" / "logs" / "resources.json").read_text())
+    stages = _stage_rows(resources)
+    used = [s for s in stages if s["tables"]]
+    sizes = parse_sizes(repo / "p4src/shared/sizes.p4", repo / "p4src", "__TARGET_TOFINO__")
+    placed = {u for s in stages for u in s["stateful_alus"]}
+    words = {u for u in placed if u.endswith(".frag_word")}
+    if len(words) != sizes["FRAG_WORDS"]:
+        raise ValueError(f"{len(words)} of {sizes['FRAG_WORDS']} fragment word registers placed")
+    return {
+        "compiler": f"bf-p4c (p4c Tofino backend) {manifest['compiler_version']}",
+        "source_sha256": source_sha256(repo),
+        "target": manifest.get("target", "tofino"),
+        "stages_available": STAGES,
+        "stages_used": 1 + max(int(s["stage"]) for s in used),
+        "sram_blocks": sum(int(s["sram_blocks"]) for s in stages),
+        "tcam_blocks": sum(int(s["tcam_blocks"]) for s in stages),
+        "stateful_alus": sum(len(s["stateful_alus"]) for s in stages),
+        "frag_bytes": sizes["FRAG_BYTES"],
+        "frag_slots": sizes["NUM_FRAG_SLOTS"],
+        "kv_bytes_per_pipe": sizes["FRAG_BYTES"] * sizes["NUM_FRAG_SLOTS"],
+        "cache_entries": sizes["CACHE_ENTRIES"],
+        "cpu_port": sizes["CPU_PORT_NUM"],
+        "pipes_served": PIPES_OF_PART,
+        "pipes_how": "each WRITE is multicast to one fan-out port per pipe (WRITE_FANOUT_GROUP) "
+        "and stored by every pipe's ingress; any pipe count is served",
+        "stage_map": stages,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Copies a build's P4Info and logs into OUT and writes OUT/summary.json."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build", type=Path, help="bf-p4c's output directory (-o)")
+    parser.add_argument("out", type=Path, help="where the summary goes (p4src/build/tofino)")
+    args = parser.parse_args(argv)
+    try:
+        summary = summarize(args.build)
+    except (OSError, ValueError, KeyError, GeneratorError) as exc:
+        print(f"tofino_summary: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for src, dst in COPIED.items():
+        shutil.copyfile(args.build / src, args.out / dst)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(
+        f"stages {summary['stages_used']}/{STAGES}, {summary['kv_bytes_per_pipe']} KV bytes "
+        f"per pipe, {summary['stateful_alus']} stateful ALUs -> {args.out}/summary.json"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

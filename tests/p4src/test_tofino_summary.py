@@ -1,0 +1,83 @@
+"""p4src/build/tofino: what the Tofino backend placed, committed, and kept fresh.
+
+The summary is written by ``make p4-tofino`` (kvcast.tofino_summary) from the compiler's own
+resource report. These tests need no compiler: they recompute the sources' hash (a source change
+without a new compile fails here), hold the summary to the chip's budget, and check that
+docs/tofino.md quotes it. Where the compiler exists, tests/p4src/test_tna.py recompiles and
+compares.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcast.gen_constants import parse_sizes
+from kvcast.tofino_summary import REPO, SOURCE_DIRS, source_sha256
+
+BUILD = REPO / "p4src" / "build" / "tofino"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def summary() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((BUILD / "summary.json").read_text())
+    return data
+
+
+def test_the_summary_was_made_from_todays_sources(summary: dict[str, Any]) -> None:
+    assert summary["source_sha256"] == source_sha256(), (
+        f"{' and '.join(SOURCE_DIRS)} changed since p4src/build/tofino was written: "
+        "run `make p4-tofino` (docs/tofino.md) and commit p4src/build/tofino"
+    )
+
+
+def test_the_hash_covers_every_source_file(tmp_path: Path) -> None:
+    for d in SOURCE_DIRS:
+        for path in (REPO / d).rglob("*.p4"):
+            copy = tmp_path / path.relative_to(REPO)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
+    base = source_sha256(tmp_path)
+    assert base == source_sha256()
+    one = next((tmp_path / "p4src/tna").rglob("*.p4"))
+    one.write_bytes(one.read_bytes() + b"// changed\n")
+    assert source_sha256(tmp_path) != base
+
+
+def test_the_program_fits_one_tofino_pipe_and_serves_every_pipe(summary: dict[str, Any]) -> None:
+    assert summary["target"] == "tofino"
+    assert 1 <= summary["stages_used"] <= summary["stages_available"] == 12
+    assert summary["kv_bytes_per_pipe"] >= 2 * MIB
+    assert summary["pipes_served"] == 4
+    sizes = parse_sizes(REPO / "p4src/shared/sizes.p4", REPO / "p4src", "__TARGET_TOFINO__")
+    assert summary["frag_bytes"] == sizes["FRAG_BYTES"]
+    assert summary["kv_bytes_per_pipe"] == sizes["FRAG_BYTES"] * sizes["NUM_FRAG_SLOTS"]
+    placed = [u for s in summary["stage_map"] for u in s["stateful_alus"]]
+    assert len(placed) == summary["stateful_alus"]
+    assert sum(u.endswith(".frag_word") for u in placed) == sizes["FRAG_WORDS"]
+    assert all(len(s["stateful_alus"]) <= 4 for s in summary["stage_map"])
+
+
+def test_the_compilers_own_reports_are_committed_with_it(summary: dict[str, Any]) -> None:
+    resources = json.loads((BUILD / "resources.json").read_text())
+    stages = resources["resources"]["mau"]["mau_stages"]
+    assert sum(len(s["rams"]["srams"]) for s in stages) == summary["sram_blocks"]
+    assert (BUILD / "table_summary.log").read_text().strip()
+    assert "KvcastIngress.cache.cache_table" in (BUILD / "kvcast.p4info.txtpb").read_text()
+
+
+def test_docs_quote_the_summarys_numbers(summary: dict[str, Any]) -> None:
+    doc = (REPO / "docs" / "tofino.md").read_text()
+    wanted = {
+        "stages": f"{summary['stages_used']} of 12 stages",
+        "KV bytes": f"{summary['kv_bytes_per_pipe']:,} bytes",
+        "stateful ALUs": f"{summary['stateful_alus']} stateful ALUs",
+        "SRAM": f"{summary['sram_blocks']} SRAM blocks",
+        "compiler": summary["compiler"],
+    }
+    missing = {k: v for k, v in wanted.items() if v not in doc}
+    assert not missing, f"docs/tofino.md does not quote the summary: {missing}"
