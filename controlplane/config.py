@@ -19,6 +19,9 @@ A complete example (only ``switches`` is required; every other setting has a def
         router_mac: "02:00:00:00:00:fe"
         program_forwarding: true       # routes, L2 entries, port roles for hosts and pools
         deny_unknown_ports: true       # KVP from a port that is neither a host nor a pool: drop
+        # Tofino only: the CPU (PCIe) port the program was compiled for, and one loopback port
+        # per pipe for the WRITE fan-out (every pipe holds the cache): e.g. a 2-pipe Tofino-1
+        # cpu_port: 192, fanout_ports: [68, 196]
         epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
     pools:
       - {name: p1, ip: 10.0.1.1, mac: "00:00:00:00:01:01", port: 5,
@@ -136,6 +139,10 @@ class SwitchSpec:
         deny_unknown_ports: with ``program_forwarding``, make every port that is neither a
             configured host nor a pool a DENY port (no KVP from it), instead of the program's
             default (an unbound host port).
+        cpu_port: Tofino: the CPU port the program was compiled for (``CPU_PORT_NUM``).
+        fanout_ports: Tofino: one loopback port per pipe, in distinct pipes, the CPU port's
+            among them; each WRITE is stored by every pipe through its port (docs/tofino.md).
+            Their number is the switch's pipe count.
     """
 
     name: str
@@ -149,6 +156,17 @@ class SwitchSpec:
     program_forwarding: bool = True
     epoch_state_file: Path | None = None
     deny_unknown_ports: bool = True
+    cpu_port: int | None = None
+    fanout_ports: tuple[int, ...] = ()
+
+    @property
+    def pipes(self) -> int:
+        """Pipes that hold the cache: one per fan-out port on a Tofino, else 1."""
+        return max(1, len(self.fanout_ports))
+
+
+# Device ports of a Tofino pipe: bits 7-8 of the port number name the pipe.
+_PIPE_SHIFT = 7
 
 
 @dataclass(frozen=True)
@@ -450,6 +468,7 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
             + ("takes no device_config" if target is Target.REFERENCE else "needs a device_config")
         )
     state = s.take("epoch_state_file", None)
+    cpu_port, fanout = _fanout(s, target)
     spec = SwitchSpec(
         name=name,
         address=str(address),
@@ -466,9 +485,43 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
         if state is None
         else _path(state, s.at("epoch_state_file"), base, must_exist=False),
         deny_unknown_ports=_bool(s.take("deny_unknown_ports", True), s.at("deny_unknown_ports")),
+        cpu_port=cpu_port,
+        fanout_ports=fanout,
     )
     s.done()
     return spec
+
+
+def _fanout(s: _Section, target: Target) -> tuple[int | None, tuple[int, ...]]:
+    """A Tofino's CPU port and WRITE fan-out ports (required there, refused elsewhere)."""
+    raw_cpu = s.take("cpu_port", None)
+    raw_ports = s.take("fanout_ports", None)
+    if target is not Target.TOFINO:
+        for key, raw in (("cpu_port", raw_cpu), ("fanout_ports", raw_ports)):
+            if raw is not None:
+                raise ConfigError(f"{s.at(key)}: only a tofino switch has {key}")
+        return None, ()
+    if raw_cpu is None or raw_ports is None:
+        raise ConfigError(
+            f"{s.at('fanout_ports')}: a tofino switch needs cpu_port and fanout_ports "
+            "(one loopback port per pipe; docs/tofino.md)"
+        )
+    cpu = _int(raw_cpu, s.at("cpu_port"), 0, 511)
+    ports = tuple(
+        _int(p, f"{s.at('fanout_ports')}[{i}]", 0, 511)
+        for i, p in enumerate(_list(raw_ports, s.at("fanout_ports")))
+    )
+    pipes = [p >> _PIPE_SHIFT for p in ports]
+    if not ports or len(set(pipes)) != len(pipes):
+        raise ConfigError(
+            f"{s.at('fanout_ports')}: one port in each pipe, got {list(ports)} (pipes {pipes})"
+        )
+    if cpu in ports or (cpu >> _PIPE_SHIFT) not in pipes:
+        raise ConfigError(
+            f"{s.at('cpu_port')}: {cpu} must not be a fan-out port, and its pipe "
+            f"({cpu >> _PIPE_SHIFT}) must have one"
+        )
+    return cpu, ports
 
 
 def _pool(raw: object, path: str, default_switch: str | None) -> PoolSpec:

@@ -398,7 +398,11 @@ class _BaseState:
                 await rt.forwarding.set_port_role(pool.port, c.PORT_ROLE_POOL)
             if spec.deny_unknown_ports:
                 await rt.forwarding.deny_unknown_ports(True)
+        # Tofino: every pipe stores each WRITE, which comes back in on the pipe's fan-out port.
+        for port in spec.fanout_ports:
+            await rt.forwarding.set_port_role(port, c.PORT_ROLE_FANOUT)
         await rt.pool_owner.set_nodes(PoolNode(p.name, p.ip) for p in cfg.pools)
+        await rt.multicast.set_write_fanout(spec.fanout_ports)
         for host in cfg.hosts_of(spec.name):
             await rt.multicast.add_host(
                 HostEndpoint(host.name, host.port, host.mac, host.ip, host.udp_port)
@@ -450,6 +454,7 @@ class SwitchRuntime:
             client,
             clock=EpochClock(bits=epoch_bits, state_file=spec.epoch_state_file),
             on_lost=self._on_lost,
+            ack_ports=spec.fanout_ports or None,
         )
         for driver in (
             self.forwarding,

@@ -34,7 +34,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,6 +177,10 @@ class FragmentLoader:
         tries: WRITEs sent per fragment before the load fails.
         window: WRITEs in flight at once.
         on_lost: called with each chunk the switch lost and that cannot be reloaded.
+        ack_ports: on a switch with several pipes (Tofino), the WRITE fan-out ports: a WRITE
+            is stored by each pipe, which acknowledges it from its fan-out port (the PacketIn's
+            ``ingress_port``), and counts as written once every one of them has. None: one
+            acknowledgement (BMv2, the reference target).
     """
 
     def __init__(
@@ -191,9 +195,13 @@ class FragmentLoader:
         tries: int = 4,
         window: int = 32,
         on_lost: Callable[[ChunkId], None] | None = None,
+        ack_ports: Iterable[int] | None = None,
     ) -> None:
         if tries < 1 or window < 1 or ack_timeout_s <= 0:
             raise ConfigError("tries and window must be >= 1 and ack_timeout_s > 0")
+        self._ack_ports = None if ack_ports is None else frozenset(ack_ports)
+        if self._ack_ports is not None and not self._ack_ports:
+            raise ConfigError("ack_ports, when given, names at least one fan-out port")
         self._client = client
         self._cache = cache or CacheTableDriver(client)
         self._alloc = allocator or SlotAllocator()
@@ -205,7 +213,8 @@ class FragmentLoader:
         self._window = window
         self._on_lost = on_lost
         self._resident: dict[ChunkId, _Resident] = {}
-        self._waiting: dict[int, tuple[int, int, asyncio.Future[None]]] = {}
+        # req_id -> (slot, epoch, fan-out ports not yet heard from, done)
+        self._waiting: dict[int, tuple[int, int, set[int], asyncio.Future[None]]] = {}
         self._req_id = 0
         self._lock = asyncio.Lock()
         self._synced = False
@@ -460,7 +469,7 @@ class FragmentLoader:
             self._req_id = (self._req_id + 1) & 0xFFFFFFFF
             req_id = self._req_id
             done: asyncio.Future[None] = loop.create_future()
-            self._waiting[req_id] = (slot, epoch, done)
+            self._waiting[req_id] = (slot, epoch, set(self._ack_ports or ()), done)
             payload = write_message(
                 chunk.tenant, chunk.key, frag_idx, slot, epoch, fragment, req_id=req_id
             )
@@ -489,7 +498,7 @@ class FragmentLoader:
         waiting = self._waiting.get(hdr.req_id)
         if waiting is None:
             return  # a late ack of a WRITE already retried or given up
-        slot, epoch, done = waiting
+        slot, epoch, pending, done = waiting
         if hdr.index != slot or hdr.epoch != epoch:
             _LOG.warning(
                 "%s: WRITE_ACK req %d for slot %d epoch %d, expected slot %d epoch %d",
@@ -501,5 +510,10 @@ class FragmentLoader:
                 epoch,
             )
             return
+        if pending:
+            port = packet.metadata.get("ingress_port")
+            pending.discard(port if isinstance(port, int) else -1)
+            if pending:
+                return  # another pipe has not stored it yet
         if not done.done():
             done.set_result(None)

@@ -66,8 +66,9 @@ class MulticastDriver:
 
     Args:
         client: the switch.
-        group_ids: the multicast group ids this driver may use (the KVP ``group`` field and
-            v1model's ``mcast_grp`` are 16 bits; 0 means "no group").
+        group_ids: the multicast group ids this driver may use for hosts (the KVP ``group``
+            field and v1model's ``mcast_grp`` are 16 bits; 0 means "no group", and
+            ``WRITE_FANOUT_GROUP`` is the WRITE fan-out's).
         replica_ids: the replica ids it may give hosts (0 means "not a replica"; the
             replica_dst table has ``REPLICA_ENTRIES`` entries).
 
@@ -79,11 +80,13 @@ class MulticastDriver:
         self,
         client: SwitchClient,
         *,
-        group_ids: range = range(1, 1 << 16),
+        group_ids: range = range(1, c.WRITE_FANOUT_GROUP),
         replica_ids: range = range(1, c.REPLICA_ENTRIES + 1),
     ) -> None:
         if 0 in group_ids or 0 in replica_ids or not group_ids or not replica_ids:
             raise ConfigError("group and replica id ranges must be non-empty and exclude 0")
+        if c.WRITE_FANOUT_GROUP in group_ids:
+            raise ConfigError(f"group {c.WRITE_FANOUT_GROUP} is the WRITE fan-out's, not a host's")
         self._client = client
         self._replica_dst = TableMirror(client, TABLE)
         self._members = TableMirror(client, T_MEMBER)
@@ -93,6 +96,7 @@ class MulticastDriver:
         self._rids: dict[str, int] = {}
         self._groups: dict[int, frozenset[str]] = {}
         self._next_group = 0  # index into group_ids of the next id to try
+        self._fanout: tuple[int, ...] = ()  # the WRITE fan-out ports (Tofino), one per pipe
 
     # ------------------------------------------------------------------ state
     def hosts(self) -> dict[str, HostEndpoint]:
@@ -237,6 +241,28 @@ class MulticastDriver:
         del self._groups[gid]
         await self._write_members(gid, frozenset())
 
+    async def set_write_fanout(self, ports: Iterable[int]) -> None:
+        """Makes group ``WRITE_FANOUT_GROUP`` replicate a WRITE to these ports (one per pipe).
+
+        On a Tofino the fragment store is per pipe: the program multicasts each WRITE from the
+        CPU port to this group, and every pipe stores the copy that comes back in on its port.
+        The replicas carry replica id 0, which egress leaves unchanged. An empty list removes
+        the group.
+
+        Raises:
+            SwitchError: the write failed.
+        """
+        wanted = tuple(sorted(set(ports)))
+        if wanted == self._fanout:
+            return
+        entry = fy.P4MulticastGroupEntry(c.WRITE_FANOUT_GROUP, replicas=[(p, 0) for p in wanted])
+        if not wanted:
+            update = -fy.P4MulticastGroupEntry(c.WRITE_FANOUT_GROUP)
+        else:
+            update = ~entry if self._fanout else +entry
+        await self._client.write([update])
+        self._fanout = wanted
+
     # ------------------------------------------------------------------ reinstall
     async def reinstall(self, session: SessionInfo) -> None:
         """Makes the switch hold exactly this driver's replica_dst entries and groups.
@@ -252,16 +278,19 @@ class MulticastDriver:
                 installed[ent.multicast_group_id] = tuple(
                     sorted(_replica_tuple(r) for r in ent.replicas)
                 )
-        orphans = sorted(set(installed) - set(self._groups))
-        differ = [
-            (g, m)
-            for g, m in sorted(self._groups.items())
-            if g in installed and installed[g] != tuple(self._replicas(m))
-        ]
-        missing = [(g, m) for g, m in sorted(self._groups.items()) if g not in installed]
+        wanted = {g: tuple(self._replicas(m)) for g, m in self._groups.items()}
+        if self._fanout:
+            wanted[c.WRITE_FANOUT_GROUP] = tuple((p, 0) for p in self._fanout)
+        orphans = sorted(set(installed) - set(wanted))
+        differ = [g for g in sorted(wanted) if g in installed and installed[g] != wanted[g]]
+        missing = [g for g in sorted(wanted) if g not in installed]
+
+        def entry(g: int) -> fy.P4MulticastGroupEntry:
+            return fy.P4MulticastGroupEntry(g, replicas=list(wanted[g]))
+
         updates: list[Any] = [-fy.P4MulticastGroupEntry(g) for g in orphans]
-        updates += [~self._group_entry(g, m) for g, m in differ]
-        updates += [+self._group_entry(g, m) for g, m in missing]
+        updates += [~entry(g) for g in differ]
+        updates += [+entry(g) for g in missing]
         if updates:
             await self._client.write(updates)
 

@@ -156,3 +156,42 @@ def test_unreadable_and_non_yaml_files_are_config_errors(tmp_path: Path) -> None
     empty.write_text("")
     with pytest.raises(ConfigError, match="is empty"):
         load_config(empty)
+
+
+def _tofino(tmp_path: Path, **kw: Any) -> dict[str, Any]:
+    conf = tmp_path / "kvcast.conf"
+    conf.write_text("{}")
+    sw = {"name": "t1", "address": "10.0.0.2:9339", "target": "tofino",
+          "device_config": str(conf), **kw}  # fmt: skip
+    return {"switches": [sw]}
+
+
+def test_a_tofino_names_its_cpu_port_and_one_fanout_port_per_pipe(tmp_path: Path) -> None:
+    cfg = parse_config(_tofino(tmp_path, cpu_port=192, fanout_ports=[68, 196]))
+    (sw,) = cfg.switches
+    assert (sw.cpu_port, sw.fanout_ports, sw.pipes) == (192, (68, 196), 2)
+    assert parse_config(MINIMAL).switches[0].pipes == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({}, "needs cpu_port and fanout_ports"),
+        ({"cpu_port": 192, "fanout_ports": []}, "one port in each pipe"),
+        ({"cpu_port": 192, "fanout_ports": [68, 100]}, "one port in each pipe"),
+        ({"cpu_port": 192, "fanout_ports": [68, 192]}, "must not be a fan-out port"),
+        ({"cpu_port": 320, "fanout_ports": [68, 196]}, "its pipe (2) must have one"),
+        ({"cpu_port": 192, "fanout_ports": [68, 600]}, "outside 0..511"),
+    ],
+)
+def test_bad_tofino_fanout_settings_are_refused(
+    tmp_path: Path, kw: dict[str, Any], message: str
+) -> None:
+    bad(_tofino(tmp_path, **kw), message)
+
+
+def test_only_a_tofino_takes_fanout_ports() -> None:
+    bad(
+        {"switches": [{"name": "s1", "address": "h:1", "fanout_ports": [68]}]},
+        "only a tofino switch has fanout_ports",
+    )

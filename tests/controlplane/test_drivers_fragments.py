@@ -21,8 +21,10 @@ from controlplane.errors import (
 from controlplane.p4rt import SwitchClient
 from kvcast import p4constants as c
 from kvcast import wire
+from refswitch.pipeline import PACKET_OUT_LEN
 
 from .test_p4rt_harness import (
+    CPU,
     Expect,
     RefSwitch,
     config,
@@ -311,3 +313,40 @@ def test_an_exhausted_epoch_field_is_an_error() -> None:
     assert [clock.next() for _ in range(3)] == [1, 2, 3]
     with pytest.raises(FragmentLoadError, match="2-bit"):
         clock.next()
+
+
+def acks_from(refswitch: RefSwitch, ports: list[int]) -> None:
+    """Makes every WRITE acknowledged once from each of ``ports``, as Tofino's pipes do."""
+
+    def fan_out(payload: bytes) -> bool:
+        header = (0).to_bytes(PACKET_OUT_LEN, "big")
+        for out in refswitch.pipeline.process(CPU, header + payload):
+            if out.port == CPU:
+                for port in ports:
+                    refswitch.state.emit_packet_in(out.frame, {"ingress_port": port})
+        return True  # answered here; the harness does not run it again
+
+    refswitch.drop_packet_out = fan_out
+
+
+def test_with_fanout_ports_a_write_waits_for_every_pipe(refswitch: RefSwitch) -> None:
+    async def main() -> None:
+        client = SwitchClient(config(refswitch))
+        loader = loader_for(client, ack_timeout_s=0.05, tries=2, ack_ports=[68, 196])
+        async with client:
+            acks_from(refswitch, [196, 68])
+            await loader.load(1, 2, b"both pipes")
+            assert len(refswitch.state.entries(T_CACHE)) == 1
+            outs = len(refswitch.packet_outs)
+            acks_from(refswitch, [68])  # pipe 1 never stores it
+            with pytest.raises(WriteAckTimeoutError, match="after 2 tries"):
+                await loader.load(1, 3, b"one pipe")
+            assert len(refswitch.packet_outs) - outs == 2
+            assert len(refswitch.state.entries(T_CACHE)) == 1
+
+    run(main())
+
+
+def test_fanout_ports_must_name_a_port() -> None:
+    with pytest.raises(ConfigError, match="at least one fan-out port"):
+        FragmentLoader(None, ack_ports=[])  # type: ignore[arg-type]

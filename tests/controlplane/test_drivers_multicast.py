@@ -181,3 +181,30 @@ def test_pool_data_for_a_group_reaches_every_member_rewritten(refswitch: RefSwit
             assert got == [(1, wire.ip_bytes("10.0.1.1")), (3, wire.ip_bytes("10.0.1.3"))]
 
     run(main())
+
+
+def test_the_write_fanout_group_replicates_to_one_port_per_pipe(refswitch: RefSwitch) -> None:
+    fanout = c.WRITE_FANOUT_GROUP
+
+    async def main() -> None:
+        async with SwitchClient(config(refswitch)) as client:
+            mc = MulticastDriver(client)
+            mark = refswitch.mark()
+            await mc.set_write_fanout([196, 68])
+            await mc.set_write_fanout([68, 196])  # the same ports: nothing written
+            await mc.add_host(host(1))
+            gid = await mc.group_for(["h1"])
+            assert gid != fanout
+            await mc.set_write_fanout([])
+            e = Expect(refswitch)
+            writes = refswitch.writes(mark)
+            assert writes[0] == [e.group(INSERT, fanout, [(68, 0), (196, 0)])]
+            assert writes[-1] == [e.group(DELETE, fanout)]
+            assert len(writes) == 5  # fan-out, replica_dst, group, its member, fan-out removed
+
+    run(main())
+
+
+def test_host_groups_never_take_the_write_fanout_group_id() -> None:
+    with pytest.raises(ConfigError, match="WRITE fan-out"):
+        MulticastDriver(None, group_ids=range(1, 1 << 15))  # type: ignore[arg-type]

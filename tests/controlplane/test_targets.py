@@ -223,6 +223,8 @@ def test_config_target_defaults_and_checks(tmp_path: Path) -> None:
                     "address": "127.0.0.1:9559",
                     "target": "tofino",
                     "device_config": str(conf),
+                    "cpu_port": 192,
+                    "fanout_ports": [68, 196],
                 }
             ],
         }
