@@ -627,7 +627,37 @@ def _read_lines(stream: Any, sink: queue.Queue[tuple[str, str]], tag: str) -> No
     sink.put((tag, ""))
 
 
-class SwitchRestart:
+class _RestartWatcher:
+    """A thread that kills one component at a set time and records what followed.
+
+    Subclasses implement :meth:`_run`, filling ``events`` (seconds since the kill, and ``error``
+    when something did not come back); :meth:`join` returns them.
+    """
+
+    thread_name = "restart"
+
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, at: float) -> None:
+        """Restarts the component at wall-clock time ``at`` (in a thread)."""
+        self._thread = threading.Thread(
+            target=self._run, args=(at,), name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> dict[str, Any]:
+        """Waits for the watcher; returns the events."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return dict(self.events)
+
+    def _run(self, at: float) -> None:
+        raise NotImplementedError
+
+
+class SwitchRestart(_RestartWatcher):
     """Kills the switch process in the middle of a run and watches the controller bring it back.
 
     At ``t0 + after_s`` the switch process is killed (SIGKILL) and started again, empty, on the
@@ -642,34 +672,27 @@ class SwitchRestart:
         cluster: the running cluster.
         status: the daemon's report client (its ``GET /v1/status``).
         switch: the switch's name in the daemon's configuration.
+        timeout: how long the watcher waits for the recovery.
     """
 
-    def __init__(self, cluster: Cluster, status: ReportClient, switch: str = "s1") -> None:
+    thread_name = "switch-restart"
+
+    def __init__(
+        self, cluster: Cluster, status: ReportClient, switch: str = "s1", timeout: float = 60.0
+    ) -> None:
+        super().__init__()
         self.cluster = cluster
         self.status = status
         self.switch = switch
-        self.events: dict[str, Any] = {}
-        self._thread: threading.Thread | None = None
+        self.timeout = timeout
 
     def _sw(self) -> dict[str, Any]:
         code, doc = self.status.status()
         sw: dict[str, Any] = doc.get("switches", {}).get(self.switch, {}) if code == 200 else {}
         return sw
 
-    def start(self, at: float, timeout: float = 60.0) -> None:
-        """Restarts the switch at wall-clock time ``at`` (in a thread)."""
-        self._thread = threading.Thread(
-            target=self._run, args=(at, timeout), name="switch-restart", daemon=True
-        )
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> dict[str, Any]:
-        """Waits for the watcher; returns the events (see the class docstring)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return dict(self.events)
-
-    def _run(self, at: float, timeout: float) -> None:
+    def _run(self, at: float) -> None:
+        timeout = self.timeout
         ev = self.events
         try:
             time.sleep(max(0.0, at - time.time()))
@@ -753,7 +776,7 @@ class PoolProcess:
             self.proc.wait()
 
 
-class PoolRestart:
+class PoolRestart(_RestartWatcher):
     """Kills the pool node in the middle of a run and starts it again at once.
 
     Records the seconds from the kill until the new process listens (``up_s``); the agents'
@@ -763,23 +786,11 @@ class PoolRestart:
         pool: the pool node's process.
     """
 
+    thread_name = "pool-restart"
+
     def __init__(self, pool: PoolProcess) -> None:
+        super().__init__()
         self.pool = pool
-        self.events: dict[str, Any] = {}
-        self._thread: threading.Thread | None = None
-
-    def start(self, at: float) -> None:
-        """Restarts the pool node at wall-clock time ``at`` (in a thread)."""
-        self._thread = threading.Thread(
-            target=self._run, args=(at,), name="pool-restart", daemon=True
-        )
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> dict[str, Any]:
-        """Waits for the watcher; returns the events."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return dict(self.events)
 
     def _run(self, at: float) -> None:
         ev = self.events
@@ -813,7 +824,7 @@ def cache_entries(address: str, device_id: int = 1) -> int:
         return sum(len(r.entities) for r in replies)
 
 
-class ControllerRestart:
+class ControllerRestart(_RestartWatcher):
     """Kills the controller daemon in the middle of a run and starts it again at once.
 
     The switch keeps its pipeline, tables and SRAM meanwhile. The new daemon must adopt what
@@ -830,25 +841,13 @@ class ControllerRestart:
         metrics_port: the daemon's metrics port.
     """
 
+    thread_name = "controller-restart"
+
     def __init__(self, daemon: ControllerProcess, switch_address: str, metrics_port: int) -> None:
+        super().__init__()
         self.daemon = daemon
         self.switch_address = switch_address
         self.metrics_port = metrics_port
-        self.events: dict[str, Any] = {}
-        self._thread: threading.Thread | None = None
-
-    def start(self, at: float) -> None:
-        """Restarts the daemon at wall-clock time ``at`` (in a thread)."""
-        self._thread = threading.Thread(
-            target=self._run, args=(at,), name="controller-restart", daemon=True
-        )
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> dict[str, Any]:
-        """Waits for the watcher; returns the events."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return dict(self.events)
 
     def _run(self, at: float) -> None:
         ev = self.events
