@@ -186,7 +186,7 @@ class SwitchSpec:
 
 @functools.cache
 def tofino1(sizes: Path | None = None) -> SwitchSpec:
-    """The Tofino-1 switch: sizes.p4's ``__TARGET_TOFINO__`` branch (FRAG_BYTES 128, 32,768 slots).
+    """The Tofino-1 switch: sizes.p4's ``__TARGET_TOFINO__`` branch (96 B fragments, 32,768 slots).
 
     Args:
         sizes: sizes.p4 (default: the repository's).

@@ -2,7 +2,8 @@
 
 Every policy registered in :mod:`controlplane.policies` (``available_policies()``: the kvcast
 policy, LRU, LFU, the NetCache-style sketch and the offline optimum ``belady``) runs as the
-switch's SRAM policy in the cluster model, at SRAM budgets from one Tofino-1 pipe (4 MiB) up.
+switch's SRAM policy in the cluster model, at SRAM budgets from one Tofino-1 pipe
+(``hardware.tofino1().sram_bytes``) up.
 The metric is the one that matters in the cluster: pool egress bytes saved and fetch time saved
 relative to the same fabric without SRAM (miss coalescing and multicast only), next to the
 byte hit ratio of network accesses. The policy sees only what reaches the network (blocks the
@@ -15,8 +16,8 @@ real controller can do). ``ratio_to_opt`` is always the pool bytes a policy save
 ``belady`` saved under instant loads at the same budget; ``belady`` runs only under instant
 loads (its foresight is about hits, not about the CPU port's queue).
 
-512-token blocks are 64 MiB for Llama-3-8B and 6 MiB for the small model: neither fits a 4 MiB
-pipe. The default model is the small model with int4 KV (1.6 MiB per block), the largest chunk
+512-token blocks are 64 MiB for Llama-3-8B and 6 MiB for the small model: neither fits a pipe
+(3-4 MiB). The default model is the small model with int4 KV (1.6 MiB per block), the largest chunk
 of which a Tofino-1 pipe holds two; larger budgets are marked ``fits_tofino1=no``
 (hypothetical: a future switch or switch-attached memory).
 

@@ -2,8 +2,8 @@
 
 The cluster model has four places a block's KV can come from, fastest first: the host's HBM
 prefix cache (no transfer), its DRAM (PCIe to HBM), the switch SRAM (over the host's NIC, one
-128-byte fragment per packet) and the DRAM pool (over the pool node's and the host's NIC, jumbo
-frames), else the block is recomputed. Movement rules compared (``tier_rule``):
+``FRAG_BYTES`` fragment per packet) and the DRAM pool (over the pool node's and the host's NIC,
+jumbo frames), else the block is recomputed. Movement rules compared (``tier_rule``):
 
 * ``hbm-only``: a block used is kept in HBM (LRU); HBM victims are dropped.
 * ``inclusive``: a block used is kept in HBM and in DRAM (both LRU); DRAM hits are copied up.
