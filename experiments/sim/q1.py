@@ -18,7 +18,8 @@ loads (its foresight is about hits, not about the CPU port's queue).
 
 512-token blocks are 64 MiB for Llama-3-8B and 6 MiB for the small model: neither fits a pipe
 (3-4 MiB). The default model is the small model with int4 KV (1.6 MiB per block), the largest chunk
-of which a Tofino-1 pipe holds two; larger budgets are marked ``fits_tofino1=no``
+of which a Tofino-1 pipe holds one (two at the 4 MiB estimated before the program
+was compiled); larger budgets are marked ``fits_tofino1=no``
 (hypothetical: a future switch or switch-attached memory).
 
 Run: ``python -m experiments.q1_selection`` (``--quick`` for a smoke run). Writes
