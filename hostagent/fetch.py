@@ -106,10 +106,6 @@ QUIET_MIN_S = 0.005
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
 TAIL_PROBE_SRTTS = 2.0
 TAIL_PROBE_MIN_S = 0.005
-# Each fetch takes request ids from its own block of this many consecutive ids (mod 2**32), so the
-# GETs of chunks in flight at once (``fetch_many``) never share an id and every DATA names the
-# fetch it answers. A fetch sends far fewer GETs than this before its deadline.
-RID_BLOCK = 1 << 24
 # Chunks ``fetch_many`` keeps in flight at once by default: enough that the next chunks' GETs
 # fill the window while the first chunk's last answers are on the way.
 DEFAULT_CHUNKS_IN_FLIGHT = 4
@@ -325,12 +321,12 @@ class _State:
     late: dict[int, float] = field(default_factory=dict)
     """Send times of GETs that timed out: a late reply still measures the round trip."""
     rid_base: int = 0
-    """Request id of the fetch's first GET; its GETs use consecutive ids (mod 2**32)."""
+    """Request id of the fetch's first GET. The client numbers its GETs consecutively (mod
+    2**32); the fetch's GETs are among ``rid_base .. rid_base + rids_used - 1``, interleaved with
+    other chunks' in ``fetch_many`` (whose DATA name other keys and own no fragment here)."""
     rids_used: int = 0
     path_starts: list[int] = field(default_factory=lambda: [0])
     """``path_starts[p]``: offset from ``rid_base`` of the first GET sent on path ``p``."""
-    next_rid: int = 0
-    """Request id of the fetch's next GET (within its block of RID_BLOCK ids)."""
     stream: array[int] = field(default_factory=lambda: array("q", bytes(8 * _STREAM_FIELDS)))
     """The native receive path's replica counters for this fetch (kvcast._native)."""
     deadline: float = math.inf
@@ -719,6 +715,8 @@ class FetchClient:
                 and not (failed and stop_after_failure)
             ):
                 r = requests[len(states)]
+                if any(a.key == r.key and a.tenant == r.tenant for a in active):
+                    break  # one fetch per chunk at a time: a DATA names its chunk, not its fetch
                 st = self._start(r.tenant, r.key, r.dst, r.nbytes)
                 st.get_group = self.group
                 st.deadline = st.started + self.deadline_s
@@ -778,8 +776,7 @@ class FetchClient:
         n = -(-nbytes // _FB)
         report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
-        st.rid_base = st.next_rid = self._next_req
-        self._next_req = (self._next_req + RID_BLOCK) & 0xFFFFFFFF
+        st.rid_base = self._next_req
         st.last_progress = st.started = time.monotonic()
         st.rto = self.timeout_s
         return st
@@ -1019,17 +1016,18 @@ class FetchClient:
         tenant, group, key = st.tenant, st.get_group, st.key
         tries, report = st.tries, st.report
         rto0, rto_max = st.rto, self.max_timeout_s
-        scan, next_check, rid = st.scan, st.next_check, st.next_rid
+        scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
             if i < 0:
                 scan = n
                 break
             j = i + 1
-            if k > 1:
+            if k > 1:  # the run of missing fragments from i, at most k (found in C, not a loop)
                 lim = min(i + k, n)
-                while j < lim and frag[j] == _MISSING:
-                    j += 1
+                r = frag.find(_REQUESTED, j, lim)
+                p = frag.find(_PRESENT, j, lim if r < 0 else r)
+                j = p if p >= 0 else r if r >= 0 else lim
             pack_into(get, 0, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0, i, j - i,
                       0, 0, 0, 0)  # fmt: skip
             try:
@@ -1057,8 +1055,9 @@ class FetchClient:
             rid = (rid + 1) & 0xFFFFFFFF
             scan = j
         st.scan, st.next_check = scan, next_check
-        st.rids_used += (rid - st.next_rid) & 0xFFFFFFFF
-        st.next_rid = rid
+        if rid != self._next_req:
+            st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
+            self._next_req = rid
 
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
@@ -1094,7 +1093,7 @@ class FetchClient:
         for rid, g in list(st.inflight.items()):
             if (rid - base) & 0xFFFFFFFF >= limit:
                 continue
-            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+            if tries.count(0, g[0], g[0] + g[1]) != g[1]:
                 continue  # a retry already: its timeout (with backoff) decides; fast
                 # retransmits of retries exhaust max_retries at 20 % loss and refuse fetches
             if now < g[3] + wait:
@@ -1125,7 +1124,7 @@ class FetchClient:
             return math.inf  # the timeout comes first
         tries, due = st.tries, math.inf
         for rid, g in list(st.inflight.items()):
-            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+            if tries.count(0, g[0], g[0] + g[1]) != g[1]:
                 continue
             if now < g[3] + pto:
                 due = min(due, g[3] + pto)
