@@ -332,7 +332,7 @@ class _State:
     deadline: float = math.inf
     """When ``fetch_many`` gives this fetch up (DEADLINE)."""
     ended: float = 0.0
-    """When ``fetch_many`` saw the last fragment arrive (or the fetch give up)."""
+    """When ``fetch_many`` saw the fetch end (its last fragment arrived, or it gave up)."""
     give_up: RecomputeReason | None = None
     """Why ``fetch_many`` gave this fetch up (None: it has not)."""
 
@@ -725,7 +725,9 @@ class FetchClient:
             if not active:
                 break
             self._run_many(active)
+            now = time.monotonic()
             for st in [s for s in active if s.give_up is not None or not s.missing]:
+                st.ended = now
                 active.remove(st)
                 failed |= st.give_up is not None
         reports = []
@@ -958,10 +960,13 @@ class FetchClient:
                 if st.give_up is None and st.want_direct:
                     self._read_direct(st)
                 if st.give_up is not None or not st.missing:
-                    st.ended = now
                     return
                 if st.inflight:
-                    tail = self._tail_probe(st, now, st.n)
+                    try:
+                        tail = self._tail_probe(st, now, st.n)
+                    except _GiveUp as give_up:  # its retries ran out: a path change failed
+                        st.give_up = give_up.reason
+                        return
                     wake = min(wake, st.next_check, st.fast_next, tail, st.deadline)
                 else:
                     wake = min(wake, now + self.timeout_s, st.deadline)
@@ -986,11 +991,7 @@ class FetchClient:
                     receive_any(active, nrecv)
                     if any(st.give_up is not None or not st.missing for st in active):
                         break
-            ended = [st for st in active if st.give_up is not None or not st.missing]
-            if ended:
-                now = time.monotonic()
-                for st in ended:
-                    st.ended = now
+            if any(st.give_up is not None or not st.missing for st in active):
                 return
 
     def _send(
