@@ -40,6 +40,12 @@ Four measurements, each a ratio of two things measured side by side in one run:
     node over UDP loopback. ``ratio_to_kvp`` is Mooncake's goodput over that KVP fetch's;
     ``ratio_to_kvp_refswitch`` over the through-switch fetch of the same chunk size above.
 
+``path=multi_chunk``
+    A prefix of ``MULTI_CHUNKS`` chunks from a pool node on loopback (in-memory backend, its own
+    process, jumbo MTU): ``fetch`` after ``fetch`` (``serial_MBps``) alternated with one
+    ``fetch_many`` keeping ``chunks_in_flight`` chunks in flight (``windowed_MBps``); ``ratio``
+    is the serial time over the windowed time (> 1: the window helps).
+
 ``path=mac``
     What end-to-end integrity costs (hostagent.integrity): a pool-node server in this process
     holds the chunk and its keyed MAC; fetches without the tenant key and with it (which also
@@ -56,6 +62,7 @@ Classes:
 Functions:
     measure_refswitch: the through-switch fetch vs plain-UDP probe.
     measure_mooncake: Mooncake ``get_into`` vs KVP loopback fetch.
+    measure_multi: a multi-chunk prefix, one chunk at a time vs several in flight.
     measure_mac: a fetch with the chunk's keyed MAC checked vs one without.
     run: the suite entry point (prints ``bench hostagent_fetch ...`` lines).
 """
@@ -103,6 +110,8 @@ LARGE_CHUNK_BYTES = 2 << 20
 # GET asks for 256 fragments (the pool node's maximum, answered in eight 34-fragment DATAs).
 JUMBO_MTU = 9000
 LOOPBACK_FRAGS_PER_GET = 256
+# Chunks of the multi-chunk line: a prefix of 8 blocks, one fetch_many.
+MULTI_CHUNKS = 8
 
 
 def _ip(text: str) -> int:
@@ -434,6 +443,83 @@ def measure_mooncake(
             "lone_direct": float(lone_paths == {"direct"})}  # fmt: skip
 
 
+def measure_multi(
+    nbytes: int,
+    chunks: int,
+    in_flight: int,
+    rounds: int,
+    warmup: int = 2,
+    mtu: int = JUMBO_MTU,
+    frags_per_get: int | None = LOOPBACK_FRAGS_PER_GET,
+) -> dict[str, float]:
+    """A prefix of ``chunks`` chunks from one pool node on loopback, one chunk vs several at once.
+
+    ``fetch`` after ``fetch`` (one chunk at a time) and ``fetch_many`` with ``in_flight`` chunks
+    in flight, alternated. The pool node runs in its own process with the in-memory backend (no
+    Mooncake needed), as in the ``mooncake`` line otherwise (jumbo MTU, ``frags_per_get``
+    fragments per GET).
+
+    Args:
+        nbytes: bytes per chunk.
+        chunks: chunks per prefix.
+        in_flight: ``max_chunks_in_flight`` of the windowed fetch.
+        rounds: measured pairs.
+        warmup: pairs run first and not counted.
+        mtu: the pool node's and the client's MTU.
+        frags_per_get: fragments per GET (None: one DATA's worth).
+
+    Returns:
+        ``serial_MBps``, ``windowed_MBps`` (medians over the rounds) and their ``ratio``.
+
+    Raises:
+        RuntimeError: a fetch failed or returned wrong bytes.
+    """
+    import torch
+
+    from hostagent.fetch import ChunkRequest, FetchClient
+
+    keys = [KEY + 1 + i for i in range(chunks)]
+    data = [synthetic_chunk(TENANT, k, nbytes, SEED) for k in keys]
+    pool = [
+        sys.executable, "-m", "poolnode", "--backend", "memory", "--host", "127.0.0.1",
+        "--port", "0", "--mtu", str(mtu), "--cache-mib", "0",
+        *(a for k in keys for a in ("--preload", f"{TENANT}:{k:#x}:{nbytes}:{SEED}")),
+    ]  # fmt: skip
+    dsts = [torch.zeros(nbytes, dtype=torch.uint8) for _ in keys]
+    reqs = [ChunkRequest(TENANT, k, d, nbytes) for k, d in zip(keys, dsts, strict=True)]
+    serial_s: list[float] = []
+    windowed_s: list[float] = []
+
+    def check(reports: list[Any], how: str) -> None:
+        for r, d, want in zip(reports, dsts, data, strict=True):
+            if not r.ok or d.numpy().tobytes() != want:
+                raise RuntimeError(f"{how} fetch failed: {r}")
+        for d in dsts:
+            d.zero_()
+
+    with _pool_node(pool) as (port, _), FetchClient(
+        ("127.0.0.1", port), timeout_s=0.05, max_timeout_s=0.5, mtu=mtu,
+        frags_per_get=frags_per_get, socket_buffer_bytes=16 << 20,
+        max_chunks_in_flight=in_flight,
+    ) as cl:  # fmt: skip
+        for i in range(-warmup, rounds):
+            t0 = time.perf_counter()
+            one = [cl.fetch(TENANT, r.key, r.dst, nbytes) for r in reqs]
+            t1 = time.perf_counter()
+            check(one, "serial")
+            t2 = time.perf_counter()
+            many = cl.fetch_many(reqs)
+            t3 = time.perf_counter()
+            check(many, "windowed")
+            if i >= 0:
+                serial_s.append(t1 - t0)
+                windowed_s.append(t3 - t2)
+    total = nbytes * chunks
+    serial, windowed = statistics.median(serial_s), statistics.median(windowed_s)
+    return {"serial_MBps": total / serial / 1e6, "windowed_MBps": total / windowed / 1e6,
+            "ratio": serial / windowed}  # fmt: skip
+
+
 def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
     """What the keyed chunk MAC costs a fetch: with and without the tenant key, alternated.
 
@@ -725,6 +811,14 @@ def run(quick: bool = False) -> list[str]:
             ),
             rounds=20,
         )  # fmt: skip
+    for in_flight in (1, 4):
+        mu = measure_multi(nbytes, MULTI_CHUNKS, in_flight, rounds)
+        emit(
+            path="multi_chunk", chunk_bytes=nbytes, chunks=MULTI_CHUNKS, mtu=JUMBO_MTU,
+            frags_per_get=LOOPBACK_FRAGS_PER_GET, data_path=data_path,
+            chunks_in_flight=in_flight, serial_MBps=mu["serial_MBps"],
+            windowed_MBps=mu["windowed_MBps"], ratio=mu["ratio"], rounds=rounds,
+        )  # fmt: skip
     for label, frags_per_msg, size in (
         ("sram", 1, 1 << 20),
         ("mtu1500", frags_per_data(1500), LARGE_CHUNK_BYTES),
@@ -761,4 +855,11 @@ def run(quick: bool = False) -> list[str]:
     return lines
 
 
-__all__ = ["SwitchTestbed", "measure_mac", "measure_mooncake", "measure_refswitch", "run"]
+__all__ = [
+    "SwitchTestbed",
+    "measure_mac",
+    "measure_mooncake",
+    "measure_multi",
+    "measure_refswitch",
+    "run",
+]

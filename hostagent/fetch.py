@@ -46,10 +46,11 @@ import math
 import random
 import select
 import socket
+import struct
 import time
 import zlib
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,8 +78,12 @@ _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
 _KVP_PORT = c.KVP_UDP_PORT
 # The native path's receive slots (one datagram each, any UDP size) and event record width.
 _SLOT = 65536
+# The tenant and key of a KVP header (kvp_t), to find the fetch a datagram is for.
+_TENANT_KEY = struct.Struct("!4xH2xQ")
 _EVENT_FIELDS = 7
 _STREAM_FIELDS = 5
+# Fetches one call of the native receive takes at once (kvcast/_native.c's MAX_FETCHES).
+MAX_FETCHES = 64
 # A follower asks for a missing fragment itself once the group's stream is this many fragments
 # past it (a loss, not a reordering), instead of waiting for the stream to stall.
 GAP_FRAGMENTS = 64
@@ -101,6 +106,9 @@ QUIET_MIN_S = 0.005
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
 TAIL_PROBE_SRTTS = 2.0
 TAIL_PROBE_MIN_S = 0.005
+# Chunks ``fetch_many`` keeps in flight at once by default: enough that the next chunks' GETs
+# fill the window while the first chunk's last answers are on the way.
+DEFAULT_CHUNKS_IN_FLIGHT = 4
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
@@ -233,6 +241,27 @@ _Get = tuple[int, int, float, float]
 made per GET."""
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkRequest:
+    """One chunk for ``FetchClient.fetch_many``.
+
+    Attributes:
+        tenant: tenant id.
+        key: chunk key.
+        dst: a contiguous 1-D uint8 CPU tensor (pinned where CUDA exists) the chunk goes to.
+        nbytes: chunk length; default: ``dst.numel()``.
+        parent: key of the previous block of the prefix chain (for the access report).
+        position: the block's index in its chain (for the access report).
+    """
+
+    tenant: int
+    key: int
+    dst: torch.Tensor
+    nbytes: int | None = None
+    parent: int | None = None
+    position: int | None = None
+
+
 @dataclass(slots=True)
 class _Path:
     addr: Address
@@ -292,10 +321,20 @@ class _State:
     late: dict[int, float] = field(default_factory=dict)
     """Send times of GETs that timed out: a late reply still measures the round trip."""
     rid_base: int = 0
-    """Request id of the fetch's first GET; its GETs use consecutive ids (mod 2**32)."""
+    """Request id of the fetch's first GET. The client numbers its GETs consecutively (mod
+    2**32); the fetch's GETs are among ``rid_base .. rid_base + rids_used - 1``, interleaved with
+    other chunks' in ``fetch_many`` (whose DATA name other keys and own no fragment here)."""
     rids_used: int = 0
     path_starts: list[int] = field(default_factory=lambda: [0])
     """``path_starts[p]``: offset from ``rid_base`` of the first GET sent on path ``p``."""
+    stream: array[int] = field(default_factory=lambda: array("q", bytes(8 * _STREAM_FIELDS)))
+    """The native receive path's replica counters for this fetch (kvcast._native)."""
+    deadline: float = math.inf
+    """When ``fetch_many`` gives this fetch up (DEADLINE)."""
+    ended: float = 0.0
+    """When ``fetch_many`` saw the fetch end (its last fragment arrived, or it gave up)."""
+    give_up: RecomputeReason | None = None
+    """Why ``fetch_many`` gave this fetch up (None: it has not)."""
 
     def __post_init__(self) -> None:
         self.out = memoryview(self.dst.data).cast("B")
@@ -314,7 +353,10 @@ class FetchClient:
             pool server). ``None`` asks the pool directly from the start.
         pool_addr: the DRAM pool node asked directly (GETs with ``NOCACHE``) when the service
             path fails; ``None`` for no fallback.
-        window: GETs outstanding at once.
+        window: GETs outstanding at once (over every chunk in flight, for ``fetch_many``).
+        max_chunks_in_flight: chunks ``fetch_many`` fetches at once by default (at most
+            ``kvcast._native.MAX_FETCHES``, 64): the GETs of the next chunks use what of the
+            window the earlier ones leave free.
         frags_per_get: fragments asked per GET (a pool node answers up to the MTU per DATA;
             the switch answers the first fragment only); default: what one DATA carries in
             ``mtu``.
@@ -353,6 +395,7 @@ class FetchClient:
         pool_addr: Address | None = None,
         *,
         window: int = 32,
+        max_chunks_in_flight: int = DEFAULT_CHUNKS_IN_FLIGHT,
         frags_per_get: int | None = None,
         mtu: int = DEFAULT_MTU,
         timeout_s: float = 0.02,
@@ -376,12 +419,17 @@ class FetchClient:
                 f"need window >= 1, max_retries >= 0 and 0 < timeout_s <= max_timeout_s; got "
                 f"{window}, {max_retries}, {timeout_s}, {max_timeout_s}"
             )
+        if not 1 <= max_chunks_in_flight <= MAX_FETCHES:
+            raise ValueError(
+                f"max_chunks_in_flight must be in 1..{MAX_FETCHES}, got {max_chunks_in_flight}"
+            )
         self.paths: list[_Path] = []
         if service_addr is not None:
             self.paths.append(_Path(service_addr, c.KVP_FLAG_NOCACHE if nocache else 0, "service"))
         if pool_addr is not None:
             self.paths.append(_Path(pool_addr, c.KVP_FLAG_NOCACHE, "pool"))
         self.window = window
+        self.max_chunks_in_flight = max_chunks_in_flight
         self.frags_per_get = frags_per_get or frags_per_data(mtu)
         self.timeout_s = timeout_s
         self.max_timeout_s = max_timeout_s
@@ -406,7 +454,6 @@ class FetchClient:
         if self._native is not None:
             self._rx = bytearray(_SLOT * self._native.MAX_BATCH)
             self._events = array("q", bytes(8 * self._native.MAX_BATCH * _EVENT_FIELDS))
-            self._stream = array("q", bytes(8 * _STREAM_FIELDS))
             self._trusted_ints = tuple(
                 (int.from_bytes(socket.inet_aton(h), "big"), port) for h, port in self._trusted
             )
@@ -618,8 +665,94 @@ class FetchClient:
         st.last_progress += first - stall_s
         return self._finish(st, parent, position)
 
-    def _start(self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None) -> _State:
-        """Checks the arguments of a fetch and makes its state."""
+    def fetch_many(
+        self,
+        requests: Sequence[ChunkRequest],
+        *,
+        max_chunks_in_flight: int | None = None,
+        stop_after_failure: bool = False,
+    ) -> list[FetchReport]:
+        """Fetches several chunks with their GETs in flight together (a window of chunks).
+
+        Up to ``max_chunks_in_flight`` chunks are fetched at once, in the order given: each has
+        its own state, request ids, timers and paths exactly as in ``fetch``, and the client's
+        ``window`` bounds the GETs in flight over all of them, the earliest chunk served first.
+        So the next chunks' GETs go out while the first chunk's answers are still on the way,
+        and a multi-chunk fetch keeps the pool (or the switch) busy instead of waiting one round
+        trip per chunk. Every DATA names its chunk (tenant, key) and the GET it answers, and is
+        checked against that chunk only (range, owner, CRC), so chunks never mix. A chunk's MAC
+        (``mac_keys``) is fetched and compared after the data of every chunk has arrived.
+
+        Args:
+            requests: the chunks, in the order they are wanted.
+            max_chunks_in_flight: chunks fetched at once; default: the client's.
+            stop_after_failure: start no further chunk once one has ended in ``RECOMPUTE``
+                (a prefix is of use only up to its first missing block); chunks already in
+                flight run to their end.
+
+        Returns:
+            One report per chunk started, in the order of ``requests`` (all of them unless
+            ``stop_after_failure`` stopped early). Only ``report.ok`` means that chunk's
+            ``dst`` holds it.
+
+        Raises:
+            FetchError: a request's ``dst`` or ``nbytes`` is unusable (as for ``fetch``),
+                before anything is sent.
+            ValueError: ``max_chunks_in_flight`` is not in ``1 .. 64``.
+        """
+        k = self.max_chunks_in_flight if max_chunks_in_flight is None else max_chunks_in_flight
+        if not 1 <= k <= MAX_FETCHES:
+            raise ValueError(f"max_chunks_in_flight must be in 1..{MAX_FETCHES}, got {k}")
+        for r in requests:
+            self._check_dst(r.dst, r.nbytes)
+        states: list[_State] = []
+        active: list[_State] = []
+        failed = False
+        while True:
+            while (
+                len(states) < len(requests)
+                and len(active) < k
+                and not (failed and stop_after_failure)
+            ):
+                r = requests[len(states)]
+                if any(a.key == r.key and a.tenant == r.tenant for a in active):
+                    break  # one fetch per chunk at a time: a DATA names its chunk, not its fetch
+                st = self._start(r.tenant, r.key, r.dst, r.nbytes)
+                st.get_group = self.group
+                st.deadline = st.started + self.deadline_s
+                states.append(st)
+                active.append(st)
+            if not active:
+                break
+            self._run_many(active)
+            now = time.monotonic()
+            for st in [s for s in active if s.give_up is not None or not s.missing]:
+                st.ended = now
+                active.remove(st)
+                failed |= st.give_up is not None
+        reports = []
+        for st, r in zip(states, requests, strict=False):
+            reason = st.give_up
+            mac_s = 0.0
+            secret = self.mac_keys.get(st.tenant)
+            if reason is None and secret is not None:
+                t0 = time.monotonic()
+                try:
+                    self._verify_mac(st, secret, t0 + self.deadline_s)
+                except _GiveUp as give_up:
+                    reason = give_up.reason
+                mac_s = time.monotonic() - t0
+            duration = st.ended - st.started + mac_s
+            reports.append(self._conclude(st, reason, duration, r.parent, r.position))
+        return reports
+
+    @staticmethod
+    def _check_dst(dst: torch.Tensor, nbytes: int | None) -> int:
+        """Checks a fetch's tensor and length; returns the length.
+
+        Raises:
+            FetchError: as ``fetch`` says.
+        """
         if dst.dtype != torch.uint8 or dst.dim() != 1 or not dst.is_contiguous():
             raise FetchError(
                 f"fetch needs a contiguous 1-D uint8 tensor, got {dst.dtype} {tuple(dst.shape)}"
@@ -637,6 +770,12 @@ class FetchClient:
             raise FetchError(
                 f"a {nbytes}-byte chunk has {n} fragments; KVP addresses at most {MAX_FRAGMENTS}"
             )
+        return nbytes
+
+    def _start(self, tenant: int, key: int, dst: torch.Tensor, nbytes: int | None) -> _State:
+        """Checks the arguments of a fetch and makes its state."""
+        nbytes = self._check_dst(dst, nbytes)
+        n = -(-nbytes // _FB)
         report = FetchReport(tenant=tenant, key=key, nbytes=nbytes, frag_count=n)
         st = _State(tenant, key, nbytes, n, dst.numpy(), report)
         st.rid_base = self._next_req
@@ -646,18 +785,33 @@ class FetchClient:
 
     def _finish(self, st: _State, parent: int | None, position: int | None) -> FetchReport:
         """Runs a fetch to its outcome, then hands its access record to the reporter."""
-        report = st.report
         start = time.monotonic()
+        reason: RecomputeReason | None = None
         try:
             self._run(st, start + self.deadline_s)
             secret = self.mac_keys.get(st.tenant)
             if secret is not None:
                 self._verify_mac(st, secret, start + self.deadline_s)
-            report.outcome = FetchOutcome.COMPLETE
         except _GiveUp as give_up:
+            reason = give_up.reason
+        return self._conclude(st, reason, time.monotonic() - start, parent, position)
+
+    def _conclude(
+        self,
+        st: _State,
+        reason: RecomputeReason | None,
+        duration_s: float,
+        parent: int | None,
+        position: int | None,
+    ) -> FetchReport:
+        """Fills in a fetch's outcome (``reason`` None: complete) and hands its record on."""
+        report = st.report
+        if reason is None:
+            report.outcome = FetchOutcome.COMPLETE
+        else:
             report.outcome = FetchOutcome.RECOMPUTE
-            report.reason = give_up.reason
-        report.duration_s = time.monotonic() - start
+            report.reason = reason
+        report.duration_s = duration_s
         report.srtt_s, report.rto_s = st.srtt, st.rto
         if report.path == "none" and report.outcome is FetchOutcome.COMPLETE:
             report.path = "switch" if report.frags_hit * 2 >= report.frag_count else "pool"
@@ -773,10 +927,86 @@ class FetchClient:
                         continue
                     receive(st, nrecv)
 
-    def _send(self, st: _State, now: float, limit: int | None = None) -> None:
-        """Sends GETs for missing fragments (below ``limit`` only, when given)."""
+    def _run_many(self, active: list[_State]) -> None:
+        """Runs the unicast (or leading) fetches in ``active`` together until one of them ends.
+
+        As ``_run`` without a follower's listening: per fetch its timers (deadline, fast
+        retransmit, timeout, tail probe) and its direct read; GETs are sent in the order of
+        ``active`` while fewer than ``window`` are in flight over all of them; each datagram goes
+        to the fetch it names. A fetch that gives up keeps its reason in ``give_up``.
+        """
+        socks, poll = self._socks, self._poll.poll
+        unconnected, trusted, rbuf = self._sock, self._trusted, self._rbuf
+        receive_any = self._receive_any
+        while True:
+            now = time.monotonic()
+            for st in active:
+                try:
+                    if now >= st.deadline:
+                        raise _GiveUp(RecomputeReason.DEADLINE)
+                    if st.answered > st.fast_seen or now >= st.fast_next:
+                        st.fast_next = self._fast_retransmit(st, now)
+                    if now >= st.next_check:
+                        self._expire(st, now)
+                except _GiveUp as give_up:
+                    st.give_up = give_up.reason
+            room = self.window - sum(len(st.inflight) for st in active)
+            wake = math.inf
+            for st in active:
+                if st.give_up is None and st.missing and room > 0:
+                    before = len(st.inflight)
+                    self._send(st, now, window=before + room)
+                    room -= len(st.inflight) - before
+                if st.give_up is None and st.want_direct:
+                    self._read_direct(st)
+                if st.give_up is not None or not st.missing:
+                    return
+                if st.inflight:
+                    try:
+                        tail = self._tail_probe(st, now, st.n)
+                    except _GiveUp as give_up:  # its retries ran out: a path change failed
+                        st.give_up = give_up.reason
+                        return
+                    wake = min(wake, st.next_check, st.fast_next, tail, st.deadline)
+                else:
+                    wake = min(wake, now + self.timeout_s, st.deadline)
+            for fd, _ in poll(max(0.0, wake - now) * 1e3):
+                sock = socks[fd]
+                if self._native is not None:
+                    self._drain_native_many(active, fd, sock is unconnected)
+                    continue
+                while True:
+                    try:
+                        if sock is not unconnected:  # the kernel takes only the path's replies
+                            nrecv = sock.recv_into(rbuf)
+                        else:
+                            nrecv, src = sock.recvfrom_into(rbuf)
+                            if src[1] != _KVP_PORT and src not in trusted:
+                                active[0].report.foreign += 1
+                                continue
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except ConnectionRefusedError:  # an ICMP error for an earlier GET
+                        continue
+                    receive_any(active, nrecv)
+                    if any(st.give_up is not None or not st.missing for st in active):
+                        break
+            if any(st.give_up is not None or not st.missing for st in active):
+                return
+
+    def _send(
+        self, st: _State, now: float, limit: int | None = None, window: int | None = None
+    ) -> None:
+        """Sends GETs for missing fragments (below ``limit`` only, when given).
+
+        Args:
+            st: the fetch.
+            now: the time now.
+            limit: ask only for fragments below this one (None: all).
+            window: GETs of this fetch in flight at most (None: the client's ``window``).
+        """
         inflight = st.inflight
-        window = self.window
+        window = self.window if window is None else window
         if len(inflight) >= window:
             return
         frag, k, owner = st.frag, self.frags_per_get, st.owner
@@ -794,10 +1024,11 @@ class FetchClient:
                 scan = n
                 break
             j = i + 1
-            if k > 1:
+            if k > 1:  # the run of missing fragments from i, at most k (found in C, not a loop)
                 lim = min(i + k, n)
-                while j < lim and frag[j] == _MISSING:
-                    j += 1
+                r = frag.find(_REQUESTED, j, lim)
+                p = frag.find(_PRESENT, j, lim if r < 0 else r)
+                j = p if p >= 0 else r if r >= 0 else lim
             pack_into(get, 0, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0, i, j - i,
                       0, 0, 0, 0)  # fmt: skip
             try:
@@ -825,8 +1056,9 @@ class FetchClient:
             rid = (rid + 1) & 0xFFFFFFFF
             scan = j
         st.scan, st.next_check = scan, next_check
-        st.rids_used += (rid - self._next_req) & 0xFFFFFFFF
-        self._next_req = rid
+        if rid != self._next_req:
+            st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
+            self._next_req = rid
 
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
@@ -862,7 +1094,7 @@ class FetchClient:
         for rid, g in list(st.inflight.items()):
             if (rid - base) & 0xFFFFFFFF >= limit:
                 continue
-            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+            if tries.count(0, g[0], g[0] + g[1]) != g[1]:
                 continue  # a retry already: its timeout (with backoff) decides; fast
                 # retransmits of retries exhaust max_retries at 20 % loss and refuse fetches
             if now < g[3] + wait:
@@ -893,7 +1125,7 @@ class FetchClient:
             return math.inf  # the timeout comes first
         tries, due = st.tries, math.inf
         for rid, g in list(st.inflight.items()):
-            if any(tries[f] for f in range(g[0], g[0] + g[1])):
+            if tries.count(0, g[0], g[0] + g[1]) != g[1]:
                 continue
             if now < g[3] + pto:
                 due = min(due, g[3] + pto)
@@ -967,7 +1199,7 @@ class FetchClient:
         """
         nat = self._native
         assert nat is not None
-        recv_fetch, rbuf, stream, report = nat.recv_fetch, self._rbuf, self._stream, st.report
+        recv_fetch, rbuf, stream, report = nat.recv_fetch, self._rbuf, st.stream, st.report
         while st.missing:
             stream[0] = stream[1] = stream[2] = stream[3] = stream[4] = 0
             nev, slow, foreign, drained = recv_fetch(
@@ -977,20 +1209,10 @@ class FetchClient:
             )  # fmt: skip
             report.foreign += foreign
             if nev:
-                self._apply_events(st, nev)
-            hit, pool, dups, bad, high = stream
-            if high > st.stream_high:
-                st.stream_high = high
-            if hit or pool or dups or bad:  # replicas of the group's stream
-                new = hit + pool
-                st.missing -= new
-                report.frags_hit += hit
-                report.frags_pool += pool
-                report.frags_stream += new
-                report.duplicates += dups
-                report.crc_failures += bad
-                if new and st.listening:
-                    st.last_progress = time.monotonic()
+                self._apply_events((st,), nev)
+                if st.give_up is not None:
+                    raise _GiveUp(st.give_up)
+            self._count_stream(st)
             for datagram in slow:
                 n = len(datagram)
                 rbuf[:n] = datagram
@@ -998,20 +1220,93 @@ class FetchClient:
             if drained:
                 return
 
-    def _apply_events(self, st: _State, nev: int) -> None:
+    @staticmethod
+    def _count_stream(st: _State) -> None:
+        """Books the replicas the native path counted in ``st.stream`` (a group's stream)."""
+        hit, pool, dups, bad, high = st.stream
+        if high > st.stream_high:
+            st.stream_high = high
+        if hit or pool or dups or bad:
+            new = hit + pool
+            st.missing -= new
+            report = st.report
+            report.frags_hit += hit
+            report.frags_pool += pool
+            report.frags_stream += new
+            report.duplicates += dups
+            report.crc_failures += bad
+            if new and st.listening:
+                st.last_progress = time.monotonic()
+
+    def _drain_native_many(self, active: list[_State], fd: int, check_src: bool) -> None:
+        """``_drain_native`` for several fetches at once (``kvcast._native.recv_fetches``).
+
+        Returns once the socket is drained or one of the fetches has ended (complete, or given
+        up: ``st.give_up``).
+        """
+        nat = self._native
+        assert nat is not None
+        recv_fetches, rbuf, events = nat.recv_fetches, self._rbuf, self._events
+        while True:
+            fetches = []
+            for st in active:
+                stream = st.stream
+                stream[0] = stream[1] = stream[2] = stream[3] = stream[4] = 0
+                fetches.append(
+                    (st.tenant, st.key, st.get_group, st.crc_seed, st.nbytes, st.rid_base,
+                     st.rids_used, st.out, st.frag, st.owner, stream)
+                )  # fmt: skip
+            nev, slow, foreign, drained = recv_fetches(
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                self.group, _FB, tuple(fetches), events,
+            )  # fmt: skip
+            active[0].report.foreign += foreign
+            if nev:
+                self._apply_events(active, nev)
+            for st in active:
+                self._count_stream(st)
+            for datagram in slow:
+                n = len(datagram)
+                rbuf[:n] = datagram
+                self._receive_any(active, n)
+            if drained or any(st.give_up is not None or not st.missing for st in active):
+                return
+
+    def _receive_any(self, active: list[_State], nrecv: int) -> None:
+        """``_receive`` for the fetch in ``active`` the datagram in the buffer names.
+
+        A give-up is kept in that fetch's ``give_up``; a datagram for none of them is counted
+        as ignored by the first.
+        """
+        if nrecv >= _HDR:
+            tenant, key = _TENANT_KEY.unpack_from(self._rbuf)
+            for st in active:
+                if st.key == key and st.tenant == tenant:
+                    try:
+                        self._receive(st, nrecv)
+                    except _GiveUp as give_up:
+                        if st.give_up is None:
+                            st.give_up = give_up.reason
+                    return
+        active[0].report.ignored += 1
+
+    def _apply_events(self, states: Sequence[_State], nev: int) -> None:
         """Per-GET bookkeeping of the DATA the native path took (as the tail of ``_receive``).
 
-        Every event answers one of this fetch's GETs (replicas are only counted, in C).
+        Every event answers one of the GETs of ``states[index]``, its last field the index
+        (replicas are only counted, in C).
         """
-        ev, report, inflight, frag = self._events, st.report, st.inflight, st.frag
+        ev = self._events
         for i in range(0, nev * _EVENT_FIELDS, _EVENT_FIELDS):
-            rid, first, _last, new, flags, crc_ok, _ours = ev[i : i + _EVENT_FIELDS]
+            rid, first, _last, new, flags, crc_ok, index = ev[i : i + _EVENT_FIELDS]
+            st = states[index]
+            report, inflight, frag = st.report, st.inflight, st.frag
             g = inflight.get(rid)
             if not crc_ok:
                 report.crc_failures += 1
                 if g is not None:
                     del inflight[rid]
-                    self._release(st, rid, g, failed=True)
+                    self._release_or_give_up(st, rid, g, failed=True)
                 continue
             if g is not None:
                 self._sample_rtt(st, time.monotonic() - g[3])
@@ -1038,9 +1333,21 @@ class FetchClient:
                 if flags & c.KVP_FLAG_HIT:
                     del inflight[rid]
                     if g[1] > 1 or first != g[0]:
-                        self._release(st, rid, g, failed=False)
+                        self._release_or_give_up(st, rid, g, failed=False)
                 elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
                     del inflight[rid]
+
+    def _release_or_give_up(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
+        """``_release``, keeping a give-up in ``st.give_up`` instead of raising it.
+
+        The native path's events of one batch may belong to several fetches: the rest of the
+        batch must still be booked when one of them gives up.
+        """
+        try:
+            self._release(st, rid, g, failed)
+        except _GiveUp as give_up:
+            if st.give_up is None:
+                st.give_up = give_up.reason
 
     def _receive(self, st: _State, nrecv: int) -> None:
         report = st.report

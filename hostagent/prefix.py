@@ -2,12 +2,14 @@
 
 ``PrefixFetcher.fetch_prefix(token_ids)`` keys every full block of the prompt the way vLLM hashes
 it (``ChunkKeyer``), then fetches the blocks in order with the ``FetchClient`` (switch SRAM first,
-the DRAM pool behind it, the pool directly last) into chunk buffers of the host's ``KVLayout``, and
-stops at the first block that cannot be had: a block's KV depends on every token before it, so only
-a contiguous prefix is of use, and the engine prefills from the first missing block on. Every block
-fetched is complete and CRC-checked; the missing block's buffer is not returned (a partly filled
-tensor is never handed on). Each block's access is reported with its parent and position (the
-client's reporter).
+the DRAM pool behind it, the pool directly last) into chunk buffers of the host's ``KVLayout``,
+several blocks in flight at once (``FetchClient.fetch_many``, the client's
+``max_chunks_in_flight``), and keeps the blocks up to the first one that cannot be had: a block's
+KV depends on every token before it, so only a contiguous prefix is of use, and the engine
+prefills from the first missing block on. Every block kept is complete and CRC-checked; the
+missing block's buffer is not returned (a partly filled tensor is never handed on). Each block
+fetched is reported with its parent and position (the client's reporter), blocks that were in
+flight past the missing one included (no further block is started).
 
 Classes:
     PrefixResult: what one prefix fetch found (blocks, tokens covered, buffers, reports).
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer
-from hostagent.fetch import FetchClient, FetchReport, RecomputeReason
+from hostagent.fetch import ChunkRequest, FetchClient, FetchReport, RecomputeReason
 from hostagent.layout import KVLayout
 
 __all__ = ["PrefixFetcher", "PrefixResult"]
@@ -72,7 +74,7 @@ class PrefixResult:
 
 
 class PrefixFetcher:
-    """Fetches the longest available KV prefix of a prompt, block by block.
+    """Fetches the longest available KV prefix of a prompt, several blocks in flight at once.
 
     Args:
         client: the fetch client (its paths, timeouts, reporter and group are used as they are).
@@ -123,19 +125,26 @@ class PrefixFetcher:
         keys = self.keyer.keys(token_ids)
         result = PrefixResult(keys)
         wanted = keys if max_blocks is None else keys[:max_blocks]
+        requests = []
         for ck in wanted:
             if buffers is not None and ck.index < len(buffers):
                 buf = buffers[ck.index]
+                self.layout.check_chunk(buf)
             else:
                 buf = self.layout.alloc_chunk()
             parent = keys[ck.index - 1].key if ck.index > 0 else None
-            report = self.client.fetch_block(
-                self.tenant, ck.key, self.layout, buf, parent=parent, position=ck.index
+            requests.append(
+                ChunkRequest(self.tenant, ck.key, buf, self.layout.chunk_bytes, parent, ck.index)
             )
+        # Blocks after a failed one are of no use: none is started once one has failed (those
+        # already in flight end, and their reports are dropped with the rest of the tail).
+        for req, report in zip(
+            requests, self.client.fetch_many(requests, stop_after_failure=True), strict=False
+        ):
             result.reports.append(report)
             if not report.ok:
                 result.stop_reason = report.reason
                 break
-            result.chunks.append(buf)
+            result.chunks.append(req.dst)
         result.duration_s = time.monotonic() - start
         return result

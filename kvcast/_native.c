@@ -10,6 +10,8 @@
  *                               fragments into the tensor and mark them present; report one
  *                               event per such DATA and hand every other datagram back as bytes.
  *   send_batch(fd, addr, msgs)  sendmmsg() of (header, payload) pairs to one address.
+ *   recv_fetches(...)          recv_fetch for several fetches at once (a window of chunks): each
+ *                               DATA goes to the fetch whose tenant and key it names.
  *   recv_count(...)             recvmmsg() that only counts: the benchmarks' receive ceiling.
  *
  * Every function has a pure-Python equivalent (hostagent/fetch.py, poolnode/server.py) that the
@@ -197,10 +199,162 @@ static void batch_slots(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr
     }
 }
 
+/* One fetch as the receive functions see it: the chunk, its GETs' request ids, and where its
+ * fragments go (the tensor's bytes, the per-fragment state, the owner of each fragment). */
+typedef struct {
+    int tenant, get_group;
+    unsigned long long key;
+    unsigned int crc_seed, rid_base, rids_used;
+    Py_ssize_t nbytes, nfrag;
+    uint8_t *out, *frag;
+    uint64_t *owner;
+    int64_t *stream;
+} fetch_t;
+
+/* Takes one datagram for fetch `f` if it is a DATA answering one of its GETs within the
+ * fragments that GET owns, or a replica of `my_group`: checks the CRC, copies the new fragments
+ * and marks them present; writes an event (its last field `tag`) for an answer, counts a
+ * replica in f->stream. Returns 0 when the datagram is not such a DATA (the slow path's). */
+static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version_op,
+                     int my_group, int frag_bytes, int64_t *ev, int *nev, int64_t tag) {
+    if (len < KVP_HDR || d[0] != version_op || be16(d + 4) != f->tenant ||
+        be64(d + 8) != f->key) {
+        return 0;
+    }
+    uint8_t flags = d[1];
+    int group = be16(d + 6);
+    uint32_t rid = be32(d + 16);
+    long first = be16(d + 24);
+    long total = be16(d + 26);
+    long plen = be16(d + 28);
+    uint32_t crc = be32(d + 36);
+    long nfrag = (long)f->nfrag;
+    long last = first + (plen + frag_bytes - 1) / frag_bytes;
+    long lo = first * (long)frag_bytes;
+    long end = last * (long)frag_bytes < (long)f->nbytes ? last * (long)frag_bytes : (long)f->nbytes;
+    int ours = (uint32_t)(rid - f->rid_base) < f->rids_used;
+    int replica = !ours && (flags & FLAG_REPLICA) && group != 0 && group == my_group;
+    int shape_ok = plen > 0 && (size_t)plen <= len - KVP_HDR && total == nfrag && last <= nfrag &&
+                   lo + plen == end;
+    if (!shape_ok || !((ours && group == f->get_group) || replica)) {
+        return 0;
+    }
+    for (long i = first; ours && i < last; i++) {
+        if (f->owner[i] != rid) {
+            return 0;
+        }
+    }
+    uint8_t idx[2] = {d[24], d[25]};
+    uint32_t want = crc32_update(crc32_update(f->crc_seed, idx, 2), d + KVP_HDR, (size_t)plen);
+    long added = 0;
+    int crc_ok = want == crc;
+    if (crc_ok) {
+        for (long i = first; i < last; i++) {
+            if (f->frag[i] != PRESENT) {
+                long a = i * (long)frag_bytes;
+                long b = a + frag_bytes < end ? a + frag_bytes : end;
+                memcpy(f->out + a, d + KVP_HDR + (a - lo), (size_t)(b - a));
+                f->frag[i] = PRESENT;
+                added++;
+            }
+        }
+    }
+    if (!ours) {
+        int64_t *st = f->stream;
+        if (crc_ok && last > st[4]) {
+            st[4] = last;
+        }
+        if (!crc_ok) {
+            st[3]++;
+        } else if (added == 0) {
+            st[2]++;
+        } else {
+            st[(flags & FLAG_HIT) ? 0 : 1] += added;
+        }
+        return 1;
+    }
+    int64_t *e = ev + (size_t)(*nev) * EVENT_FIELDS;
+    e[0] = rid;
+    e[1] = first;
+    e[2] = last;
+    e[3] = added;
+    e[4] = flags;
+    e[5] = crc_ok;
+    e[6] = tag;
+    (*nev)++;
+    return 1;
+}
+
+/* Parses `trusted` (a tuple of (ipv4 host-order int, port)) into at most 16 entries.
+ * Returns the count, or -1 with an exception set. */
+static Py_ssize_t parse_trusted(PyObject *trusted, uint32_t *tip, uint16_t *tport) {
+    Py_ssize_t ntrusted = PyTuple_GET_SIZE(trusted);
+    if (ntrusted > 16) {
+        ntrusted = 16;
+    }
+    for (Py_ssize_t i = 0; i < ntrusted; i++) {
+        unsigned long ip;
+        int port;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(trusted, i), "ki", &ip, &port)) {
+            return -1;
+        }
+        tip[i] = (uint32_t)ip;
+        tport[i] = (uint16_t)port;
+    }
+    return ntrusted;
+}
+
+/* recvmmsg() of up to MAX_BATCH datagrams into `rx` (MSG_DONTWAIT). Returns the count (0 when
+ * the socket would block or reported an ICMP error; *would_block says which), or -1 with an
+ * exception set. */
+static int recv_batch(int fd, struct mmsghdr *msgs, int *would_block) {
+    int got;
+    Py_BEGIN_ALLOW_THREADS
+    got = recvmmsg(fd, msgs, MAX_BATCH, MSG_DONTWAIT, NULL);
+    Py_END_ALLOW_THREADS
+    *would_block = 0;
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED) {
+            *would_block = errno != ECONNREFUSED;
+            return 0;
+        }
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return got;
+}
+
+/* Whether datagram m of a batch comes from the KVP port or a trusted sender. */
+static int source_ok(const struct sockaddr_in *src, int kvp_port, const uint32_t *tip,
+                     const uint16_t *tport, Py_ssize_t ntrusted) {
+    uint16_t sport = ntohs(src->sin_port);
+    if (sport == kvp_port) {
+        return 1;
+    }
+    uint32_t sip = ntohl(src->sin_addr.s_addr);
+    for (Py_ssize_t i = 0; i < ntrusted; i++) {
+        if (tip[i] == sip && tport[i] == sport) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Appends datagram `d` to `slow` as bytes. Returns -1 with an exception set on failure. */
+static int append_slow(PyObject *slow, const uint8_t *d, size_t len) {
+    PyObject *b = PyBytes_FromStringAndSize((const char *)d, (Py_ssize_t)len);
+    if (b == NULL || PyList_Append(slow, b) < 0) {
+        Py_XDECREF(b);
+        return -1;
+    }
+    Py_DECREF(b);
+    return 0;
+}
+
 /*
  * recv_fetch(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, tenant, key, get_group,
  *            my_group, crc_seed, nbytes, frag_bytes, rid_base, rids_used, out, frag, owner,
- *            events)
+ *            events, stream)
  *   -> (events_written, slow_list, foreign, would_block)
  *
  * rxbuf: a writable buffer of MAX_BATCH * slot bytes, reused between calls.
@@ -209,7 +363,8 @@ static void batch_slots(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr
  * out: the tensor's bytes (writable); frag: the per-fragment state bytearray; owner: one
  *     uint64 per fragment, the request id that last asked for it.
  * events: a writable int64 buffer of MAX_BATCH * EVENT_FIELDS; per fast-path DATA that
- *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 1.
+ *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 0 (the
+ *     fetch's index, as in recv_fetches).
  * Replicas of our group need no per-GET bookkeeping: they are only counted, in `stream`, a
  *     writable int64 buffer of STREAM_FIELDS: new fragments served from SRAM (HIT), new
  *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC,
@@ -218,168 +373,62 @@ static void batch_slots(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr
  * range or owner does not match) is returned as bytes in slow_list, for the Python path.
  */
 static PyObject *py_recv_fetch(PyObject *self, PyObject *args) {
-    int fd, check_src, kvp_port, version_op, tenant, get_group, my_group, frag_bytes;
-    unsigned long long key;
-    unsigned int crc_seed, rid_base, rids_used;
-    Py_ssize_t slot, nbytes;
+    int fd, check_src, kvp_port, version_op, my_group, frag_bytes;
+    fetch_t f;
+    Py_ssize_t slot;
     Py_buffer rx, out, frag, owner, events, stream;
     PyObject *trusted;
     if (!PyArg_ParseTuple(args, "iw*niO!iiiKiiIniIIw*w*w*w*w*", &fd, &rx, &slot, &check_src,
-                          &PyTuple_Type, &trusted, &kvp_port, &version_op, &tenant, &key,
-                          &get_group, &my_group, &crc_seed, &nbytes, &frag_bytes, &rid_base,
-                          &rids_used, &out, &frag, &owner, &events, &stream)) {
+                          &PyTuple_Type, &trusted, &kvp_port, &version_op, &f.tenant, &f.key,
+                          &f.get_group, &my_group, &f.crc_seed, &f.nbytes, &frag_bytes,
+                          &f.rid_base, &f.rids_used, &out, &frag, &owner, &events, &stream)) {
         return NULL;
     }
     PyObject *result = NULL;
     PyObject *slow = NULL;
-    Py_ssize_t nfrag = frag.len;
-    int nmax = MAX_BATCH;
-    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || owner.len < nfrag * 8 ||
-        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || out.len < nbytes ||
-        stream.len < (Py_ssize_t)(STREAM_FIELDS * 8) ||
-        frag_bytes <= 0) {
+    f.nfrag = frag.len;
+    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || owner.len < f.nfrag * 8 ||
+        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || out.len < f.nbytes ||
+        stream.len < (Py_ssize_t)(STREAM_FIELDS * 8) || frag_bytes <= 0) {
         PyErr_SetString(PyExc_ValueError, "recv_fetch: a buffer is too small");
         goto done;
     }
-    Py_ssize_t ntrusted = PyTuple_GET_SIZE(trusted);
+    f.out = out.buf;
+    f.frag = frag.buf;
+    f.owner = owner.buf;
+    f.stream = stream.buf;
     uint32_t tip[16];
     uint16_t tport[16];
-    if (ntrusted > 16) {
-        ntrusted = 16;
-    }
-    for (Py_ssize_t i = 0; i < ntrusted; i++) {
-        PyObject *t = PyTuple_GET_ITEM(trusted, i);
-        unsigned long ip;
-        int port;
-        if (!PyArg_ParseTuple(t, "ki", &ip, &port)) {
-            goto done;
-        }
-        tip[i] = (uint32_t)ip;
-        tport[i] = (uint16_t)port;
-    }
-    slow = PyList_New(0);
-    if (slow == NULL) {
+    Py_ssize_t ntrusted = parse_trusted(trusted, tip, tport);
+    if (ntrusted < 0 || (slow = PyList_New(0)) == NULL) {
         goto done;
     }
-
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iov[MAX_BATCH];
     struct sockaddr_in src[MAX_BATCH];
     batch_slots(msgs, iov, src, rx.buf, slot);
-    int got;
-    Py_BEGIN_ALLOW_THREADS
-    got = recvmmsg(fd, msgs, nmax, MSG_DONTWAIT, NULL);
-    Py_END_ALLOW_THREADS
-    int would_block = 0;
+    int would_block;
+    int got = recv_batch(fd, msgs, &would_block);
     if (got < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED) {
-            got = 0;
-            would_block = errno != ECONNREFUSED;
-        } else {
-            PyErr_SetFromErrno(PyExc_OSError);
-            goto done;
-        }
+        goto done;
     }
     long foreign = 0;
     int nev = 0;
-    int64_t *ev = events.buf;
-    int64_t *st = stream.buf;
-    uint8_t *fr = frag.buf;
-    uint64_t *own = owner.buf;
-    uint8_t *dst = out.buf;
     for (int m = 0; m < got; m++) {
-        uint8_t *d = iov[m].iov_base;
+        const uint8_t *d = iov[m].iov_base;
         size_t len = msgs[m].msg_len;
-        if (check_src) {
-            uint16_t sport = ntohs(src[m].sin_port);
-            int ok = sport == kvp_port;
-            uint32_t sip = ntohl(src[m].sin_addr.s_addr);
-            for (Py_ssize_t i = 0; !ok && i < ntrusted; i++) {
-                ok = tip[i] == sip && tport[i] == sport;
-            }
-            if (!ok) {
-                foreign++;
-                continue;
-            }
+        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
+            foreign++;
+            continue;
         }
-        int fast = 0;
-        if (len >= KVP_HDR && !(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && d[0] == version_op &&
-            be16(d + 4) == tenant && be64(d + 8) == key) {
-            uint8_t flags = d[1];
-            int group = be16(d + 6);
-            uint32_t rid = be32(d + 16);
-            long first = be16(d + 24);
-            long total = be16(d + 26);
-            long plen = be16(d + 28);
-            uint32_t crc = be32(d + 36);
-            long last = first + (plen + frag_bytes - 1) / frag_bytes;
-            long lo = first * (long)frag_bytes;
-            long end = last * (long)frag_bytes < (long)nbytes ? last * (long)frag_bytes : (long)nbytes;
-            int ours = (uint32_t)(rid - rid_base) < rids_used;
-            int replica = !ours && (flags & FLAG_REPLICA) && group != 0 && group == my_group;
-            int shape_ok = plen > 0 && (size_t)plen <= len - KVP_HDR && total == nfrag &&
-                           last <= nfrag && lo + plen == end;
-            if (shape_ok && ((ours && group == get_group) || replica)) {
-                int owned = 1;
-                for (long f = first; ours && f < last; f++) {
-                    if (own[f] != rid) {
-                        owned = 0;
-                        break;
-                    }
-                }
-                if (owned) {
-                    fast = 1;
-                    uint8_t idx[2] = {d[24], d[25]};
-                    uint32_t want = crc32_update(crc32_update(crc_seed, idx, 2), d + KVP_HDR,
-                                                 (size_t)plen);
-                    long added = 0;
-                    int crc_ok = want == crc;
-                    if (crc_ok) {
-                        for (long f = first; f < last; f++) {
-                            if (fr[f] != PRESENT) {
-                                long a = f * (long)frag_bytes;
-                                long b = a + frag_bytes < end ? a + frag_bytes : end;
-                                memcpy(dst + a, d + KVP_HDR + (a - lo), (size_t)(b - a));
-                                fr[f] = PRESENT;
-                                added++;
-                            }
-                        }
-                    }
-                    if (!ours) {
-                        if (crc_ok && last > st[4]) {
-                            st[4] = last;
-                        }
-                        if (!crc_ok) {
-                            st[3]++;
-                        } else if (added == 0) {
-                            st[2]++;
-                        } else {
-                            st[(flags & FLAG_HIT) ? 0 : 1] += added;
-                        }
-                        continue;
-                    }
-                    int64_t *e = ev + (size_t)nev * EVENT_FIELDS;
-                    e[0] = rid;
-                    e[1] = first;
-                    e[2] = last;
-                    e[3] = added;
-                    e[4] = flags;
-                    e[5] = crc_ok;
-                    e[6] = ours;
-                    nev++;
-                }
-            }
-        }
-        if (!fast) {
-            PyObject *b = PyBytes_FromStringAndSize((const char *)d, (Py_ssize_t)len);
-            if (b == NULL || PyList_Append(slow, b) < 0) {
-                Py_XDECREF(b);
+        if ((msgs[m].msg_hdr.msg_flags & MSG_TRUNC) ||
+            !take_data(&f, d, len, version_op, my_group, frag_bytes, events.buf, &nev, 0)) {
+            if (append_slow(slow, d, len) < 0) {
                 goto done;
             }
-            Py_DECREF(b);
         }
     }
-    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < nmax);
+    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
 done:
     Py_XDECREF(slow);
     PyBuffer_Release(&rx);
@@ -388,6 +437,117 @@ done:
     PyBuffer_Release(&owner);
     PyBuffer_Release(&events);
     PyBuffer_Release(&stream);
+    return result;
+}
+
+#define MAX_FETCHES 64
+
+/*
+ * recv_fetches(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, my_group, frag_bytes,
+ *              fetches, events)
+ *   -> (events_written, slow_list, foreign, would_block)
+ *
+ * recv_fetch for several fetches in progress on one socket at once (a window of chunks):
+ * `fetches` is a tuple of up to MAX_FETCHES tuples (tenant, key, get_group, crc_seed, nbytes,
+ * rid_base, rids_used, out, frag, owner, stream), one per fetch, as recv_fetch takes them. A
+ * DATA goes to the fetch whose tenant and key it names (each fetch's own request ids, range,
+ * owner and CRC checks as in recv_fetch); an event's last field is the index of its fetch in
+ * `fetches`. Everything else comes back as bytes in slow_list.
+ */
+static PyObject *py_recv_fetches(PyObject *self, PyObject *args) {
+    int fd, check_src, kvp_port, version_op, my_group, frag_bytes;
+    Py_ssize_t slot;
+    Py_buffer rx, events;
+    PyObject *trusted, *fetches;
+    if (!PyArg_ParseTuple(args, "iw*niO!iiiiO!w*", &fd, &rx, &slot, &check_src, &PyTuple_Type,
+                          &trusted, &kvp_port, &version_op, &my_group, &frag_bytes,
+                          &PyTuple_Type, &fetches, &events)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *slow = NULL;
+    Py_ssize_t nf = PyTuple_GET_SIZE(fetches);
+    Py_ssize_t held = 0;
+    fetch_t f[MAX_FETCHES];
+    Py_buffer bufs[MAX_FETCHES][4];
+    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || frag_bytes <= 0 ||
+        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || nf > MAX_FETCHES) {
+        PyErr_SetString(PyExc_ValueError,
+                        "recv_fetches: a buffer is too small or too many fetches");
+        goto done;
+    }
+    for (; held < nf; held++) {
+        fetch_t *g = &f[held];
+        Py_buffer *b = bufs[held];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fetches, held), "iKiInIIw*w*w*w*", &g->tenant,
+                              &g->key, &g->get_group, &g->crc_seed, &g->nbytes, &g->rid_base,
+                              &g->rids_used, &b[0], &b[1], &b[2], &b[3])) {
+            goto done;
+        }
+        g->nfrag = b[1].len;
+        g->out = b[0].buf;
+        g->frag = b[1].buf;
+        g->owner = b[2].buf;
+        g->stream = b[3].buf;
+        if (b[0].len < g->nbytes || b[2].len < g->nfrag * 8 ||
+            b[3].len < (Py_ssize_t)(STREAM_FIELDS * 8)) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "recv_fetches: a fetch's buffer is too small");
+            goto done;
+        }
+    }
+    uint32_t tip[16];
+    uint16_t tport[16];
+    Py_ssize_t ntrusted = parse_trusted(trusted, tip, tport);
+    if (ntrusted < 0 || (slow = PyList_New(0)) == NULL) {
+        goto done;
+    }
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sockaddr_in src[MAX_BATCH];
+    batch_slots(msgs, iov, src, rx.buf, slot);
+    int would_block;
+    int got = recv_batch(fd, msgs, &would_block);
+    if (got < 0) {
+        goto done;
+    }
+    long foreign = 0;
+    int nev = 0;
+    for (int m = 0; m < got; m++) {
+        const uint8_t *d = iov[m].iov_base;
+        size_t len = msgs[m].msg_len;
+        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
+            foreign++;
+            continue;
+        }
+        int fast = 0;
+        if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
+            uint64_t key = be64(d + 8);
+            int tenant = be16(d + 4);
+            for (Py_ssize_t i = 0; i < nf; i++) {
+                if (f[i].key == key && f[i].tenant == tenant) {
+                    fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
+                                     events.buf, &nev, i);
+                    break;
+                }
+            }
+        }
+        if (!fast && append_slow(slow, d, len) < 0) {
+            goto done;
+        }
+    }
+    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
+done:
+    Py_XDECREF(slow);
+    for (Py_ssize_t i = 0; i < held; i++) {
+        for (int k = 0; k < 4; k++) {
+            if (bufs[i][k].obj != NULL) {
+                PyBuffer_Release(&bufs[i][k]);
+            }
+        }
+    }
+    PyBuffer_Release(&rx);
+    PyBuffer_Release(&events);
     return result;
 }
 
@@ -594,6 +754,8 @@ static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib's CRC-32, continued from value."},
     {"recv_fetch", py_recv_fetch, METH_VARARGS,
      "Receive a batch of datagrams for one fetch (see kvcast/_native.c)."},
+    {"recv_fetches", py_recv_fetches, METH_VARARGS,
+     "Receive a batch of datagrams for several fetches at once (see kvcast/_native.c)."},
     {"recv_count", py_recv_count, METH_VARARGS,
      "recv_count(fd, rxbuf, slot, count, timeout_ms): receive count datagrams, touch nothing."},
     {"send_batch", py_send_batch, METH_VARARGS,
@@ -622,7 +784,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0 ||
-        PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0) {
+        PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_FETCHES", MAX_FETCHES) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -46,6 +46,10 @@ def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch)
             assert row["skipped"].startswith("kvcast._native-not-built")
         else:
             assert float(row["ratio"]) > 0 and float(row["ceiling_MBps"]) > 0
+    # The multi-chunk line needs only a pool node process (in-memory backend): always measured.
+    multi = fields["multi_chunk"]
+    assert float(multi["serial_MBps"]) > 0 and float(multi["windowed_MBps"]) > 0
+    assert multi["chunks_in_flight"] == "1" and multi["chunks"] == str(suite.MULTI_CHUNKS)
     # The MAC line needs nothing installed: it is always measured.
     mac = fields["mac"]
     assert float(mac["plain_MBps"]) > 0 and float(mac["mac_MBps"]) > 0

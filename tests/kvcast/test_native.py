@@ -103,7 +103,7 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
         tx.close()
     assert foreign == 0 and nev == 2
     first = list(events[0:7])
-    assert first == [1000, 0, 2, 2, c.KVP_FLAG_POOL, 1, 1]
+    assert first == [1000, 0, 2, 2, c.KVP_FLAG_POOL, 1, 0]
     assert list(events[7:14])[3:6] == [0, c.KVP_FLAG_POOL, 0]  # the corrupted one: CRC fails
     assert list(stream) == [1, 0, 0, 0, 4]  # one new fragment from SRAM, up to fragment 4
     assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 2])
