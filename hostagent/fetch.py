@@ -1100,13 +1100,20 @@ class FetchClient:
             if now < g[3] + wait:
                 due = min(due, g[3] + wait)
                 continue
-            del st.inflight[rid]
             st.report.fast_retransmits += 1
-            if len(st.late) >= 4096:
-                st.late.clear()
-            st.late[rid] = g[3]
-            self._release(st, rid, g, failed=True)
+            self._give_up_get(st, rid, g)
         return due
+
+    def _give_up_get(self, st: _State, rid: int, g: _Get) -> None:
+        """Stops waiting for GET ``rid``: its fragments are asked again.
+
+        A late answer still counts: ``st.late`` keeps the GET's send time (bounded).
+        """
+        del st.inflight[rid]
+        if len(st.late) >= 4096:
+            st.late.clear()
+        st.late[rid] = g[3]
+        self._release(st, rid, g, failed=True)
 
     def _tail_probe(self, st: _State, now: float, limit: int) -> float:
         """Resends the tail's first-try GETs unanswered for TAIL_PROBE_SRTTS round trips.
@@ -1130,12 +1137,8 @@ class FetchClient:
             if now < g[3] + pto:
                 due = min(due, g[3] + pto)
                 continue
-            del st.inflight[rid]
             st.report.tail_probes += 1
-            if len(st.late) >= 4096:
-                st.late.clear()
-            st.late[rid] = g[3]
-            self._release(st, rid, g, failed=True)
+            self._give_up_get(st, rid, g)
             due = now  # send it again at once
         return due
 
