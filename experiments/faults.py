@@ -41,6 +41,8 @@ Functions:
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import threading
 import time
@@ -87,6 +89,7 @@ def _row(fault: str, impair: str, point: PointResult, clean: dict[str, float]) -
         "fault": fault,
         "impairment": impair or "none",
         "mode": point.mode,
+        "repeat": point.repeat,
         "n": point.n,
         "prefix_kib": point.nbytes // 1024,
         "attempted": point.n,
@@ -108,18 +111,23 @@ def _row(fault: str, impair: str, point: PointResult, clean: dict[str, float]) -
 def _add_relief(rows: list[dict[str, Any]]) -> None:
     """Fills the multicast modes' ``relief`` and ``relief_vs_clean``.
 
-    ``relief`` is T of mode a over T of the row's mode under the same fault (same run);
-    ``relief_vs_clean`` divides it by the same ratio of the fault-free rows.
+    ``relief`` is T of mode a over T of the row's mode under the same fault and repeat (the
+    repeats of a fault run on one cluster, interleaved); ``relief_vs_clean`` divides it by the
+    median relief of the fault-free repeats of the mode.
     """
-    t = {(r["fault"], r["mode"]): r["t_s"] for r in rows}
+    t = {(r["fault"], r["mode"], r.get("repeat", 0)): r["t_s"] for r in rows}
     for r in rows:
-        ta, tm = t.get((r["fault"], "a")), r["t_s"]
-        if r["mode"] not in MULTICAST_MODES or not ta or not tm:
-            continue
-        r["relief"] = ta / tm
-        ca, cm = t.get(("none", "a")), t.get(("none", r["mode"]))
-        if ca and cm:
-            r["relief_vs_clean"] = r["relief"] / (ca / cm)
+        ta, tm = t.get((r["fault"], "a", r.get("repeat", 0))), r["t_s"]
+        if r["mode"] in MULTICAST_MODES and ta and tm:
+            r["relief"] = ta / tm
+    clean: dict[str, float] = {}
+    for mode in MULTICAST_MODES:
+        values = [r["relief"] for r in rows if r["fault"] == "none" and r["mode"] == mode]
+        if values and None not in values:
+            clean[mode] = statistics.median(values)
+    for r in rows:
+        if r["relief"] is not None and r["mode"] in clean:
+            r["relief_vs_clean"] = r["relief"] / clean[r["mode"]]
 
 
 def run_campaign(
@@ -129,12 +137,28 @@ def run_campaign(
     seed: int = 1,
     progress: Callable[[str], None] = print,
     modes: Sequence[str] = MODES,
+    repeats: int = 1,
+    host_records: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs ``modes`` (default a-d) at ``n`` hosts under each fault; the first must be ``none``.
 
+    Each point runs ``repeats`` times on its fault's cluster (interleaved with the other modes);
+    ``vs_clean`` divides a row's time by the median of the fault-free repeats of its mode.
+
+    Args:
+        faults: (name, impairment spec) pairs, ``none`` first.
+        n: hosts.
+        nbytes: prefix bytes.
+        seed: the impairment stage's seed.
+        progress: where progress lines go.
+        modes: incast modes.
+        repeats: runs per (fault, mode).
+        host_records: where to append each point's summary with its hosts' records (the
+            agents' JSON lines), for a closer look.
+
     Returns:
-        One row per (fault, mode), as described in the module docstring, with the multicast
-        modes' relief where mode a ran too.
+        One row per (fault, mode, repeat), as described in the module docstring, with the
+        multicast modes' relief where mode a ran too.
     """
     spec = ClusterSpec(
         n_hosts=n,
@@ -146,6 +170,7 @@ def run_campaign(
     backend = "mooncake" if find_master_binary() else "memory"
     rows: list[dict[str, Any]] = []
     clean: dict[str, float] = {}
+    hosts_log = host_records if host_records is not None else []
     for fault, impair in faults:
         progress(f"faults: {fault} ({impair or 'no impairment'}), N={n}, {nbytes // 1024} KiB")
         try:
@@ -155,17 +180,23 @@ def run_campaign(
                 list(modes),
                 [n],
                 [nbytes],
-                repeats=1,
+                repeats=repeats,
                 progress=lambda s: progress(f"  {s}"),
                 pool_backend=backend,
             )
         except Exception as exc:  # noqa: BLE001 - a dead cluster costs its rows, not the campaign
             progress(f"  {fault}: run failed: {exc!r}")
             points = [PointResult(m, n, nbytes, error=f"run failed: {exc!r}") for m in modes]
+        if not impair:
+            for mode in modes:
+                ts = [max(p.times) for p in points if p.mode == mode and p.all_ok]
+                if ts:
+                    clean[mode] = statistics.median(ts)
         for point in points:
-            if not impair and point.all_ok:
-                clean[point.mode] = max(point.times)
             rows.append(_row(fault, impair, point, clean))
+            hosts_log.append(
+                {"fault": fault, "seed": seed, **point.summary(), "hosts": point.hosts}
+            )
     _add_relief(rows)
     for r in rows:
         r["seed"] = seed
@@ -348,6 +379,7 @@ def format_rows(rows: Sequence[dict[str, Any]], title: str) -> str:
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("fault", lambda r: r["fault"]),
         ("mode", lambda r: r["mode"]),
+        ("rep", lambda r: str(r.get("repeat", 0))),
         ("attempted", lambda r: str(r["attempted"])),
         ("completed", lambda r: str(r["completed"])),
         ("refused", lambda r: str(r["refused"])),
@@ -369,7 +401,7 @@ def format_rows(rows: Sequence[dict[str, Any]], title: str) -> str:
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(
-            v.ljust(w) if i < 2 else v.rjust(w)
+            v.ljust(w) if i < 3 else v.rjust(w)
             for i, (v, w) in enumerate(zip(values, widths, strict=True))
         ).rstrip()
 
@@ -398,6 +430,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="run the fault table this many times, with seeds SEED, SEED+1, ... (each run has "
         "its own fault-free rows; the rows name their seed)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each (fault, mode) on its cluster, interleaved (rows per repeat; "
+        "'vs no fault' and 'relief vs no fault' divide by the fault-free repeats' median)",
     )
     ap.add_argument(
         "--modes",
@@ -432,11 +471,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):
         ap.error(f"--modes must name some of {MODES}, got {args.modes!r}")
-    if args.runs < 1:
-        ap.error("--runs must be at least 1")
+    if args.runs < 1 or args.repeats < 1:
+        ap.error("--runs and --repeats must be at least 1")
+    host_records: list[dict[str, Any]] = []
     if args.restarts != "only":
         for seed in range(args.seed, args.seed + args.runs):
-            run_rows = run_campaign(faults, n, kib * 1024, seed=seed, modes=modes)
+            run_rows = run_campaign(
+                faults,
+                n,
+                kib * 1024,
+                seed=seed,
+                modes=modes,
+                repeats=args.repeats,
+                host_records=host_records,
+            )
             title = (
                 f"Incast under faults: N={n}, {kib} KiB prefix, faults injected by the reference "
                 f"target's impairment stage (seed {seed}; no netem on this kernel)"
@@ -444,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tables.append(format_rows(run_rows, title))
             rows += run_rows
         write_csv(args.out / "faults.csv", rows)
+        with (args.out / "faults-hosts.jsonl").open("w") as f:
+            f.writelines(json.dumps(r, default=str) + "\n" for r in host_records)
     restarts: list[dict[str, Any]] = []
     kill_rows: list[dict[str, Any]] = []
     if args.restarts != "off":

@@ -109,7 +109,12 @@ FAST_REPAIRS_MAX = 8
 # a CPU. On the emulation a dozen processes share 2 CPUs, and Linux's scheduler (EEVDF) gives
 # each runnable task a slice of 0.75 ms x (1 + log2 CPUs) = 1.5 ms, so a process behind five
 # others on its CPU answers up to about 8 ms late: 10 ms keeps such a wait from being taken
-# for a loss. A spurious retry costs one duplicate answer.
+# for a loss. A spurious retry costs one duplicate answer. A fragment that has failed twice
+# (its retry went unanswered too) is more likely behind an outage than unlucky (at 1 % loss
+# one in 2,500): its later retries back off from the first-try timeout as before, so a path
+# still gets about as long as it did (13 first timeouts and one retry timeout over three
+# retries, against 15 first timeouts) to come back (a restarted pool node or switch) before
+# the client gives it up.
 MIN_RETRY_TIMEOUT_S = 0.01
 # A follower whose stream has reached its tail (within GAP_FRAGMENTS of the end) and then gone
 # quiet for QUIET_FACTOR times its mean fragment spacing (at least QUIET_MIN_S, at most the
@@ -184,7 +189,8 @@ class FetchReport:
         repairs: fragments a follower received in answer to its own repair GETs.
         stalled: whether a follower's stream stalled and it started repairing.
         gets_sent: GET messages sent.
-        retries: GETs re-sent after a timeout, a CRC failure or NACK UNAVAILABLE.
+        retries: GETs re-sent after a timeout (a NACK UNAVAILABLE waits for it), a CRC failure,
+            or on evidence of loss (fast retransmits, tail probes).
         timeouts: GETs that went unanswered in time.
         crc_failures: DATA messages whose CRC did not match (dropped, fragments re-fetched).
         duplicates: DATA messages that brought no new fragment.
@@ -1088,8 +1094,11 @@ class FetchClient:
                 frag[i:j] = bytes([_REQUESTED]) * (j - i)
                 owner[i:j] = array("L", (rid,)) * (j - i)
             t = tries[i]
-            # A retry: the measured timeout, doubled per timeout (not per fast re-send).
-            due = now + (rto0 if t == 0 else min(rrto * (1 << (t - fast[i])), rto_max))
+            if t == 0:
+                due = now + rto0
+            else:  # a retry: see MIN_RETRY_TIMEOUT_S
+                k = t - fast[i]  # its failures (timeouts, CRC failures, NACKs), not fast re-sends
+                due = now + (rrto if k <= 1 else min(rto0 * (1 << k), rto_max))
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
@@ -1532,10 +1541,9 @@ class FetchClient:
             self._next_path(st, RecomputeReason.NOT_FOUND)
         elif status == c.KVP_STATUS_BAD_REQUEST:
             raise _GiveUp(RecomputeReason.LENGTH_MISMATCH)
-        else:
-            g = st.inflight.pop(rid, None)
-            if g is not None:
-                self._release(st, rid, g, failed=True)
+        # UNAVAILABLE (the pool's store is recovering, say): the GET waits for its timeout and
+        # is retried with backoff then; sent again at once it would use up its retries within a
+        # few round trips while the store comes back.
 
 
 def _resolved(addr: Address) -> tuple[str, int]:

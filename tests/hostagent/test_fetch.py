@@ -398,6 +398,29 @@ def test_unavailable_pool_is_retried(backend: InMemoryBackend) -> None:
     assert as_bytes(out) == CHUNK
 
 
+def test_a_pool_unavailable_for_a_while_is_waited_for_not_given_up(
+    backend: InMemoryBackend,
+) -> None:
+    # A pool whose store is recovering answers UNAVAILABLE at once, for 30 ms. Re-sent at once,
+    # the GETs used up their two retries within a millisecond and the fetch, with no other path,
+    # ended NO_ANSWER; waiting for each GET's timeout (20 ms, then 20 ms) outlasts the outage.
+    inner = pool(backend)
+    until: list[float] = []
+
+    def recovering(datagram: bytes) -> list[bytes]:
+        if not until:
+            until.append(time.monotonic() + 0.03)
+        if time.monotonic() < until[0]:
+            return [nack_message(KvpHeader.unpack(datagram), c.KVP_STATUS_UNAVAILABLE)]
+        return inner(datagram)
+
+    with FakeServer(recovering) as srv, make_client(srv.address, timing=FAST) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
+    assert report.nacks >= 1 and report.timeouts >= 1
+
+
 class _AnsweredFromElsewhere:
     """The service forwards every GET to a pool that answers from its own address, as the
     switch does with a miss: the replies to a path's GETs do not come from the path's address.
