@@ -341,6 +341,8 @@ def _fetch(args: argparse.Namespace, reporter: ReportSink | None) -> dict[str, A
         duration_s=report.duration_s,
         srtt_s=round(report.srtt_s, 6),
         rto_s=round(report.rto_s, 6),
+        fast_retransmits=report.fast_retransmits,
+        tail_probes=report.tail_probes,
     )
     return out
 
