@@ -262,26 +262,24 @@ each request then has a block of its own that the next request uses once more (f
 from the pool: the policy has seen it once)."""
 
 
-def run_restarts(
-    n: int,
-    tmp: Path,
-    after_s: float = 5.0,
-    progress: Callable[[str], None] = print,
-) -> list[dict[str, Any]]:
-    """Trace replays on ``n`` hosts whose switch, then controller, is killed ``after_s`` in.
+RESTART_COMPONENTS: dict[str, str] = {
+    "switch": "switch (SIGKILL, restarted empty)",
+    "controller": "controller daemon (SIGKILL, restarted)",
+    "controller-load": "controller daemon (SIGKILL while writing a block into SRAM, restarted)",
+    "pool": "pool node (SIGKILL, restarted)",
+    "master": "mooncake_master (SIGKILL; the pool node restarts it)",
+}
+"""The components the restart runs kill, by name, with their rows' label."""
+LOAD_KILL_BLOCK_BYTES = 16384
+"""Blocks of the controller-load run: 64 fragments, so a load lasts long enough (tens of
+milliseconds of WRITEs) for the daemon to be killed in the middle of one."""
+TRACE_FAULTS = ["loss 1%", "corrupt 1%", "loss 5%"]
+"""The faults the trace replay runs under (``trace-faults.csv``)."""
 
-    Args:
-        n: hosts.
-        tmp: where the synthetic trace goes.
-        after_s: seconds after the first request.
-        progress: where progress lines go.
 
-    Returns:
-        One row per restarted component (module docstring).
-    """
-    import json
-
-    from experiments.trace_replay import plan_requests, run_experiment
+def _restart_trace(tmp: Path, n: int) -> list[Any]:
+    """The restart runs' requests (RESTART_REQUESTS, RESTART_SHARED), planned on ``n`` hosts."""
+    from experiments.trace_replay import plan_requests
 
     trace = tmp / "restart-trace.jsonl"
     trace.write_text(
@@ -293,20 +291,46 @@ def run_restarts(
             for i in range(RESTART_REQUESTS)
         )
     )
-    requests = plan_requests(trace, max_requests=RESTART_REQUESTS, hosts=n, seed=1)
+    return plan_requests(trace, max_requests=RESTART_REQUESTS, hosts=n, seed=1)
+
+
+def run_restarts(
+    n: int,
+    tmp: Path,
+    after_s: float = 5.0,
+    progress: Callable[[str], None] = print,
+    components: Sequence[str] = tuple(RESTART_COMPONENTS),
+) -> list[dict[str, Any]]:
+    """Trace replays on ``n`` hosts, one per component killed ``after_s`` in.
+
+    Args:
+        n: hosts.
+        tmp: where the synthetic trace goes.
+        after_s: seconds after the first request.
+        progress: where progress lines go.
+        components: which of RESTART_COMPONENTS to kill, one run each. ``master`` runs the
+            pool node on Mooncake Store (the others on its memory store) and is recorded as an
+            error where ``mooncake_master`` is not installed.
+
+    Returns:
+        One row per restarted component (module docstring).
+    """
+    from experiments.trace_replay import run_experiment
+
+    requests = _restart_trace(tmp, n)
     rows: list[dict[str, Any]] = []
-    for component, what in (
-        ("switch", "switch (SIGKILL, restarted empty)"),
-        ("controller", "controller daemon (SIGKILL, restarted)"),
-        ("pool", "pool node (SIGKILL, restarted)"),
-    ):
+    for component in components:
+        what = RESTART_COMPONENTS[component]
         progress(f"restarts: {what} {after_s} s into a trace replay, N={n}")
+        if component == "master" and find_master_binary() is None:
+            rows.append({"component": what, "n": n, "error": "mooncake_master not installed"})
+            continue
         try:
             results = run_experiment(
                 requests,
                 switch_cls=RefSwitch,
                 hosts=n,
-                block_bytes=1024,
+                block_bytes=LOAD_KILL_BLOCK_BYTES if component == "controller-load" else 1024,
                 speedup=1.0,
                 pool_mbit=20.0,
                 host_mbit=200.0,
@@ -314,8 +338,13 @@ def run_restarts(
                 runs=("cache-on",),
                 progress=lambda s: progress(f"  {s}"),
                 restart_switch_after_s=after_s if component == "switch" else None,
-                restart_controller_after_s=after_s if component == "controller" else None,
+                restart_controller_after_s=(
+                    after_s if component.startswith("controller") else None
+                ),
+                kill_controller_during_load=component == "controller-load",
                 restart_pool_after_s=after_s if component == "pool" else None,
+                restart_master_after_s=after_s if component == "master" else None,
+                pool_backend="mooncake" if component == "master" else "memory",
             )
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error
             rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
@@ -338,6 +367,10 @@ def run_restarts(
                 "reloaded_s": r.get("reloaded_s"),
                 "hits_return_s": r.get("hits_return_s"),
                 "pool_return_s": r.get("pool_return_s"),
+                "writes_at_kill": r.get("writes_at_kill"),
+                "partial_frags": r.get("partial_frags"),
+                "down_s": r.get("down_s"),
+                "reput": r.get("reput"),
                 "resident_before": r.get("resident_before"),
                 "resident_after": r.get("resident_after"),
                 "switch_entries": r.get("switch_entries"),
@@ -353,6 +386,67 @@ def run_restarts(
     return rows
 
 
+def run_trace_faults(
+    n: int,
+    tmp: Path,
+    faults: Sequence[str] = TRACE_FAULTS,
+    seed: int = 1,
+    progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """The restart runs' trace replay (controller daemon, SRAM loads, pool fetches) under faults.
+
+    Each fault is injected by the reference target's impairment stage, as in the incast table,
+    on every frame it sends to a data port (GETs forwarded to the pool, DATA to the hosts, the
+    controller's loads excepted: they enter through the CPU port).
+
+    Returns:
+        One row per fault: requests, blocks fetched, hit, failed (recomputed) and with a wrong
+        byte (must be 0), retries, fallbacks, the fetch time's median and 99th percentile.
+    """
+    from experiments.trace_replay import run_experiment
+
+    impairs = dict(FAULTS)
+    requests = _restart_trace(tmp, n)
+    rows: list[dict[str, Any]] = []
+    for fault in faults:
+        impair = impairs[fault]
+        progress(f"trace replay under {fault} ({impair or 'no impairment'}), N={n}")
+        row: dict[str, Any] = {"fault": fault, "impairment": impair or "none", "n": n}
+        try:
+            results = run_experiment(
+                requests,
+                switch_cls=_switch_with(impair, seed),
+                hosts=n,
+                block_bytes=1024,
+                speedup=1.0,
+                pool_mbit=20.0,
+                host_mbit=200.0,
+                tick_s=0.2,
+                runs=("cache-on",),
+                progress=lambda s: progress(f"  {s}"),
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded as the row's error
+            rows.append({**row, "error": f"run failed: {exc!r}"})
+            continue
+        run = results["cache-on"]
+        s = run.summary()
+        row.update(
+            requests=s["requests"],
+            missing=s["missing"],
+            blocks_fetched=s["blocks_fetched"],
+            blocks_hit=s["blocks_hit"],
+            blocks_failed=s["failed_blocks"],
+            wrong_bytes=s["wrong_bytes"],
+            retries=s["retries"],
+            fell_back=sum(r["fell_back"] for r in run.rows),
+            fetch_s_p50=s["fetch_s_p50"],
+            fetch_s_p99=s["fetch_s_p99"],
+            error="",
+        )
+        rows.append(row)
+    return rows
+
+
 def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
     """The restart rows as a text table."""
 
@@ -362,8 +456,29 @@ def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
     keys = [
         "component", "requests", "blocks_fetched", "blocks_failed", "wrong_bytes",
         "requests_in_outage", "retries_in_outage", "fell_back_in_outage", "detect_s", "up_s",
-        "resync_s", "reloaded_s", "hits_return_s", "pool_return_s", "resident_before",
+        "resync_s", "reloaded_s", "hits_return_s", "pool_return_s", "down_s", "reput",
+        "partial_frags",
+        "resident_before",
         "resident_after", "orphans", "error",
+    ]  # fmt: skip
+    cells = [[f(r.get(k)) for k in keys] for r in rows]
+    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
+    lines = [title, "=" * len(title)]
+    lines.append("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip())
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def format_trace_faults(rows: Sequence[dict[str, Any]], title: str) -> str:
+    """The trace-replay fault rows as a text table."""
+
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    keys = [
+        "fault", "requests", "blocks_fetched", "blocks_hit", "blocks_failed", "wrong_bytes",
+        "retries", "fell_back", "fetch_s_p50", "fetch_s_p99", "error",
     ]  # fmt: skip
     cells = [[f(r.get(k)) for k in keys] for r in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
@@ -451,6 +566,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the switch restart run (restarts.csv): after the faults, not at all, or alone",
     )
     ap.add_argument(
+        "--components",
+        default=",".join(["incast-kill", *RESTART_COMPONENTS, "trace-faults"]),
+        help="with --restarts on/only: which runs (default: all): incast-kill (the incast with "
+        f"the switch killed), the restarts {', '.join(RESTART_COMPONENTS)}, and trace-faults "
+        f"(the trace replay under {', '.join(TRACE_FAULTS)})",
+    )
+    ap.add_argument(
         "--faults",
         help="comma-separated fault names to run (default: all; 'none' is always run first), "
         f"from: {', '.join(f for f, _ in FAULTS)}",
@@ -496,7 +618,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.writelines(json.dumps(r, default=str) + "\n" for r in host_records)
     restarts: list[dict[str, Any]] = []
     kill_rows: list[dict[str, Any]] = []
-    if args.restarts != "off":
+    trace_rows: list[dict[str, Any]] = []
+    parts = [p.strip() for p in args.components.split(",") if p.strip()]
+    unknown = set(parts) - {"incast-kill", "trace-faults", *RESTART_COMPONENTS}
+    if unknown:
+        ap.error(f"unknown component(s) {sorted(unknown)}")
+    if args.restarts != "off" and "incast-kill" in parts:
         kill_rows = run_incast_kill(n)
         write_csv(args.out / "switch-kill.csv", kill_rows)
         tables.append(
@@ -507,8 +634,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         rows += kill_rows
+    components = [p for p in parts if p in RESTART_COMPONENTS]
+    if args.restarts != "off" and components:
         try:
-            restarts = run_restarts(n, args.out)
+            restarts = run_restarts(n, args.out, components=components)
         except Exception as exc:  # noqa: BLE001 - the run is recorded, the tables still written
             restarts = [{"component": "switch", "n": n, "error": f"run failed: {exc!r}"}]
         write_csv(args.out / "restarts.csv", restarts)
@@ -519,18 +648,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "switch; seconds after the kill)",
             )
         )
+    if args.restarts != "off" and "trace-faults" in parts:
+        trace_rows = run_trace_faults(n, args.out, seed=args.seed)
+        write_csv(args.out / "trace-faults.csv", trace_rows)
+        tables.append(
+            format_trace_faults(
+                trace_rows,
+                f"Trace replay under faults (N={n}, the controller daemon loads SRAM; faults "
+                f"injected by the reference target's impairment stage, seed {args.seed})",
+            )
+        )
     (args.out / "faults.txt").write_text("\n\n".join(tables) + "\n")
     print("\n\n".join(tables))
     print(f"wrote {args.out}/faults.txt and its CSVs in {time.monotonic() - t0:.0f} s")
-    wrong = sum(r["wrong_bytes"] for r in rows) + sum(r.get("wrong_bytes") or 0 for r in restarts)
+    wrong = sum(r["wrong_bytes"] for r in rows) + sum(
+        r.get("wrong_bytes") or 0 for r in [*restarts, *trace_rows]
+    )
     unrecovered = any(
         r.get("error")
         or r.get("hits_return_s") is None
         or (r.get("orphans") or 0) > 0
-        or (r["component"].startswith("pool") and r.get("up_s") is None)
+        or (r["component"].startswith(("pool", "mooncake")) and r.get("up_s") is None)
         for r in restarts
     ) or any(r["completed"] < r["attempted"] for r in kill_rows[1:])
-    unrecovered = unrecovered or (args.restarts != "off" and len(kill_rows) < 2)
+    unrecovered = unrecovered or any(r.get("error") for r in trace_rows)
+    unrecovered = unrecovered or (
+        args.restarts != "off" and "incast-kill" in parts and len(kill_rows) < 2
+    )
     return 1 if wrong or unrecovered else 0
 
 
