@@ -1018,6 +1018,8 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
         and their retries, and the run's blocks that arrived with a wrong byte
         (``wrong_bytes``, a stale or foreign slot served; must be 0); ``pool_return_s``: kill
         to the end of the first request started after it that the pool served a fragment of.
+        For a pool node or its master (``up_s`` without ``resync_s``) the outage lasts until
+        the later of the hits' return and ``up_s``.
     """
     out = dict(events)
     killed = events.get("killed_at")
@@ -1027,7 +1029,10 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
     hits = [r["t_done"] for r in after if r["blocks_hit"]]
     back = min(hits) if hits else None
     out["hits_return_s"] = None if back is None else back - killed
-    window = [r for r in rows if r["t_done"] >= killed and (back is None or r["t_start"] <= back)]
+    end = back
+    if "up_s" in events and "resync_s" not in events:  # a pool node or its master: the outage
+        end = max(back or killed, killed + events["up_s"])  # lasts until the pool is back
+    window = [r for r in rows if r["t_done"] >= killed and (end is None or r["t_start"] <= end)]
     out["requests_in_outage"] = len(window)
     out["failed_blocks"] = sum(r["failed"] for r in window)
     out["fell_back"] = sum(r["fell_back"] for r in window)
