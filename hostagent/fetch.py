@@ -134,7 +134,10 @@ TAIL_PROBE_MIN_S = 0.005
 # repair's answer on the pool link any more, so the unloaded round trip (of which the smallest
 # sample is an upper bound) is what it takes, while ``srtt`` still remembers the queue behind the
 # leader's window (20-30 ms at 8 hosts on the 20 Mbit/s link, against 1-2 ms unloaded). Its
-# retries' timeouts are bounded the same way (at least MIN_RETRY_TIMEOUT_S).
+# retries' timeouts are bounded the same way (at least MIN_RETRY_TIMEOUT_S). A follower with no
+# sample of its own (its only repair was lost) takes the delay from its start to the stream's
+# first fragment instead: the members of a group fetch start together, so that is the leader's
+# first round trip, before any queue (an overestimate where the follower started late).
 ENDED_PROBE_MIN_RTTS = 4.0
 # Chunks ``fetch_many`` keeps in flight at once by default: enough that the next chunks' GETs
 # fill the window while the first chunk's last answers are on the way.
@@ -336,6 +339,8 @@ class _State:
     """The group's stream has ended for this follower (ENDED_PROBE_MIN_RTTS)."""
     min_rtt: float = math.inf
     """The smallest GET round trip measured."""
+    first_stream_s: float = math.inf
+    """Followers: seconds from the start to the stream's first fragment (ENDED_PROBE_MIN_RTTS)."""
     gap_scan: int = 0
     """Followers repair missing fragments below this before the stream stalls."""
     want_direct: bool = False
@@ -932,6 +937,8 @@ class FetchClient:
                     else:
                         wake = min(wake, st.last_progress + quiet)
                 st.stream_over = behind >= st.n
+                if st.first_stream_s == math.inf and st.report.frags_stream:
+                    st.first_stream_s = st.last_progress - st.started
                 if behind > 0 or st.inflight:
                     if now >= st.next_check:
                         self._expire(st, now)
@@ -1076,8 +1083,10 @@ class FetchClient:
         tries, fast, report = st.tries, st.fast, st.report
         rto0, rto_max = st.rto, self.max_timeout_s
         rrto = st.rrto or rto0
-        if st.stream_over and st.min_rtt < math.inf:  # see ENDED_PROBE_MIN_RTTS
-            rrto = min(rrto, max(self.min_retry_timeout_s, ENDED_PROBE_MIN_RTTS * st.min_rtt))
+        if st.stream_over:  # see ENDED_PROBE_MIN_RTTS
+            rtt = min(st.min_rtt, st.first_stream_s)
+            if rtt < math.inf:
+                rrto = min(rrto, max(self.min_retry_timeout_s, ENDED_PROBE_MIN_RTTS * rtt))
         scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
@@ -1206,11 +1215,16 @@ class FetchClient:
         Returns:
             When the next in-flight GET's probe is due (inf: none).
         """
-        if not st.srtt or st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
+        if st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
             return math.inf
-        pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
+        pto = math.inf
+        if st.srtt:
+            pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
         if st.stream_over:
-            pto = min(pto, max(self.tail_probe_min_s, ENDED_PROBE_MIN_RTTS * st.min_rtt))
+            rtt = min(st.min_rtt, st.first_stream_s)
+            pto = min(pto, max(self.tail_probe_min_s, ENDED_PROBE_MIN_RTTS * rtt))
+        if pto == math.inf:
+            return math.inf
         if pto >= st.rto:
             return math.inf  # the timeout comes first
         tries, due = st.tries, math.inf
