@@ -133,8 +133,9 @@ TAIL_PROBE_MIN_S = 0.005
 # trips instead (at least TAIL_PROBE_MIN_S): with the stream over, nothing queues ahead of a
 # repair's answer on the pool link any more, so the unloaded round trip (of which the smallest
 # sample is an upper bound) is what it takes, while ``srtt`` still remembers the queue behind the
-# leader's window (20-30 ms at 8 hosts on the 20 Mbit/s link, against 1-2 ms unloaded). Its
-# retries' timeouts are bounded the same way (at least MIN_RETRY_TIMEOUT_S). A follower with no
+# leader's window (20-30 ms at 8 hosts on the 20 Mbit/s link, against 1-2 ms unloaded). Only the
+# probe, one per GET, is timed so: the followers' repairs load the link too, and retries timed so
+# (tried at 8 hosts) timed out by the dozen and delayed the leader's own tail. A follower with no
 # sample of its own (its only repair was lost) takes the delay from its start to the stream's
 # first fragment instead: the members of a group fetch start together, so that is the leader's
 # first round trip, before any queue (an overestimate where the follower started late).
@@ -1083,10 +1084,6 @@ class FetchClient:
         tries, fast, report = st.tries, st.fast, st.report
         rto0, rto_max = st.rto, self.max_timeout_s
         rrto = st.rrto or rto0
-        if st.stream_over:  # see ENDED_PROBE_MIN_RTTS
-            rtt = min(st.min_rtt, st.first_stream_s)
-            if rtt < math.inf:
-                rrto = min(rrto, max(self.min_retry_timeout_s, ENDED_PROBE_MIN_RTTS * rtt))
         scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
