@@ -128,18 +128,6 @@ QUIET_MIN_S = 0.005
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
 TAIL_PROBE_SRTTS = 2.0
 TAIL_PROBE_MIN_S = 0.005
-# A follower whose group's stream has ended (it brought the chunk's last fragment, went quiet in
-# its tail, or stalled) probes its unanswered repair GETs after this many of its smallest round
-# trips instead (at least TAIL_PROBE_MIN_S): with the stream over, nothing queues ahead of a
-# repair's answer on the pool link any more, so the unloaded round trip (of which the smallest
-# sample is an upper bound) is what it takes, while ``srtt`` still remembers the queue behind the
-# leader's window (20-30 ms at 8 hosts on the 20 Mbit/s link, against 1-2 ms unloaded). Only the
-# probe, one per GET, is timed so: the followers' repairs load the link too, and retries timed so
-# (tried at 8 hosts) timed out by the dozen and delayed the leader's own tail. A follower with no
-# sample of its own (its only repair was lost) takes the delay from its start to the stream's
-# first fragment instead: the members of a group fetch start together, so that is the leader's
-# first round trip, before any queue (an overestimate where the follower started late).
-ENDED_PROBE_MIN_RTTS = 4.0
 # Chunks ``fetch_many`` keeps in flight at once by default: enough that the next chunks' GETs
 # fill the window while the first chunk's last answers are on the way.
 DEFAULT_CHUNKS_IN_FLIGHT = 4
@@ -336,12 +324,6 @@ class _State:
     listening: bool = False
     stream_high: int = 0
     """One past the highest fragment a replica of the group's stream brought (followers)."""
-    stream_over: bool = False
-    """The group's stream has ended for this follower (ENDED_PROBE_MIN_RTTS)."""
-    min_rtt: float = math.inf
-    """The smallest GET round trip measured."""
-    first_stream_s: float = math.inf
-    """Followers: seconds from the start to the stream's first fragment (ENDED_PROBE_MIN_RTTS)."""
     gap_scan: int = 0
     """Followers repair missing fragments below this before the stream stalls."""
     want_direct: bool = False
@@ -920,7 +902,6 @@ class FetchClient:
                 wake = st.last_progress + st.stall_s
                 if now >= wake:  # the stream stalled: repair the gaps ourselves
                     st.listening = False
-                    st.stream_over = True
                     st.report.stalled = True
                     st.scan = 0
                     continue
@@ -937,9 +918,6 @@ class FetchClient:
                         behind = st.n
                     else:
                         wake = min(wake, st.last_progress + quiet)
-                st.stream_over = behind >= st.n
-                if st.first_stream_s == math.inf and st.report.frags_stream:
-                    st.first_stream_s = st.last_progress - st.started
                 if behind > 0 or st.inflight:
                     if now >= st.next_check:
                         self._expire(st, now)
@@ -1212,16 +1190,9 @@ class FetchClient:
         Returns:
             When the next in-flight GET's probe is due (inf: none).
         """
-        if st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
+        if not st.srtt or st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
             return math.inf
-        pto = math.inf
-        if st.srtt:
-            pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
-        if st.stream_over:
-            rtt = min(st.min_rtt, st.first_stream_s)
-            pto = min(pto, max(self.tail_probe_min_s, ENDED_PROBE_MIN_RTTS * rtt))
-        if pto == math.inf:
-            return math.inf
+        pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
         if pto >= st.rto:
             return math.inf  # the timeout comes first
         tries, due = st.tries, math.inf
@@ -1554,8 +1525,6 @@ class FetchClient:
         instead of being sent again and queued twice. A retry's is the same without the first
         timeout's floor (``min_retry_timeout_s`` instead).
         """
-        if rtt < st.min_rtt:
-            st.min_rtt = rtt
         if st.srtt == 0.0:
             st.srtt, st.rttvar = rtt, rtt / 2
         else:

@@ -333,37 +333,3 @@ def test_a_follower_whose_stream_lost_its_last_fragments_repairs_without_a_stall
         report = _follow_with_gaps(chunk, {98, 99}, server.address)
     # Repaired once the stream in its tail went quiet, not after the 5 s stall.
     assert report.ok and not report.stalled and report.repairs >= 2
-
-
-@pytest.mark.parametrize("stream_over", [False, True])
-def test_once_the_stream_is_over_a_follower_probes_after_its_smallest_round_trips(
-    stream_over: bool,
-) -> None:
-    """A follower's srtt remembers the queue behind the leader's window; once the stream has
-    ended a lost repair is probed after 4 of its smallest round trips, not 2 srtt + 4 rttvar."""
-    with FetchClient(("127.0.0.1", 9), group=GROUP, tail_probe_min_s=0.005) as follower:
-        out = torch.zeros(10 * c.FRAG_BYTES, dtype=torch.uint8)
-        st = follower._start(TENANT, KEY, out, None)  # noqa: SLF001 - the timer alone
-        st.follower, st.stream_over = True, stream_over
-        st.srtt, st.rttvar, st.min_rtt, st.rto = 0.030, 0.010, 0.002, 0.2
-        st.frag[:] = bytes([2]) * 9 + bytes([1])  # all present but the last, requested
-        st.inflight[st.rid_base] = (9, 1, 10.0, 0.0)  # sent at 0, times out at 10 s
-        follower._tail_probe(st, 0.05, st.n)  # noqa: SLF001 - 50 ms after it was sent
-    # 4 x 2 ms = 8 ms have passed, 2 x 30 + 4 x 10 = 100 ms have not.
-    assert st.report.tail_probes == (1 if stream_over else 0)
-
-
-def test_a_follower_without_a_sample_of_its_own_probes_after_the_streams_first_delay() -> None:
-    """Its only repair was lost: the stream's first fragment, 2 ms after the start, stands in."""
-    with FetchClient(("127.0.0.1", 9), group=GROUP, tail_probe_min_s=0.005) as follower:
-        out = torch.zeros(10 * c.FRAG_BYTES, dtype=torch.uint8)
-        st = follower._start(TENANT, KEY, out, None)  # noqa: SLF001 - the timer alone
-        st.follower, st.stream_over, st.rto = True, True, 0.2
-        assert st.srtt == 0.0
-        st.frag[:] = bytes([2]) * 9 + bytes([1])
-        st.inflight[st.rid_base] = (9, 1, 10.0, 0.0)
-        follower._tail_probe(st, 0.05, st.n)  # noqa: SLF001 - no sample: no probe yet
-        assert st.report.tail_probes == 0
-        st.first_stream_s = 0.002
-        follower._tail_probe(st, 0.05, st.n)  # noqa: SLF001
-    assert st.report.tail_probes == 1
