@@ -90,6 +90,9 @@ def test_jitter_delays_each_frame_within_its_bound_and_loses_none() -> None:
 
 @pytest.mark.slow
 @pytest.mark.netns
+# About 3 minutes alone (a dozen emulated clusters: three faults, the incast kill, five restarts,
+# the trace replay under loss); the suite's 300 s would leave a loaded machine no margin.
+@pytest.mark.timeout(900)
 def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("Mininet needs root (network namespaces, veth, tc)")
