@@ -67,7 +67,8 @@ bench: setup
 	$(PY) -m benchmarks
 
 ## faults: the incast modes under loss, duplication, corruption, reordering and jitter, then the
-## switch, controller and pool node killed during a trace replay (docs/reliability.md)
+## switch, controller (also mid-load), pool node and mooncake_master killed during a trace
+## replay, and the trace replay under loss and corruption (docs/reliability.md)
 faults: setup
 	$(PY) -m experiments.faults --out results/faults
 

@@ -750,13 +750,39 @@ class PoolProcess:
     def __init__(self, cluster: Cluster, node: str, cmd: list[str]) -> None:
         self.cluster, self.node, self.cmd = cluster, node, cmd
         self.proc: subprocess.Popen[str] | None = None
+        self.master_pid: int | None = None
+        """The pid of the ``mooncake_master`` the node started (``poolnode master pid=``)."""
+        self.master_restarts: queue.Queue[tuple[float, str]] = queue.Queue()
+        """(time seen, line) of each ``poolnode master restarted`` line."""
 
     def start(self, timeout: float = 120.0) -> None:
-        """Starts it and waits for ``poolnode listening``."""
+        """Starts it and waits for ``poolnode listening``; its later lines are watched."""
+        self.master_pid = None
         self.proc = self.cluster.host(self.node).popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO)
         )
-        _wait_for_line(self.proc, "poolnode listening", timeout)
+        proc = self.proc
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"pool node exited before listening: {''.join(seen[-5:])}")
+            seen.append(line)
+            if line.startswith("poolnode listening"):
+                break
+        else:
+            raise RuntimeError(f"pool node not listening within {timeout} s")
+        threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, ""):
+            if line.startswith("poolnode master pid="):
+                self.master_pid = int(line.split("=", 1)[1].split()[0])
+            elif line.startswith("poolnode master restarted"):
+                self.master_restarts.put((time.time(), line.strip()))
 
     def kill(self) -> None:
         """SIGKILL: a crash."""
@@ -805,6 +831,53 @@ class PoolRestart(_RestartWatcher):
             ev["error"] = f"pool restart failed: {exc!r}"
 
 
+class MasterRestart(_RestartWatcher):
+    """Kills the pool node's ``mooncake_master`` in the middle of a run; the node restarts it.
+
+    Nothing but the pool node's own supervisor (``python -m poolnode``, ``MooncakeMaster.
+    supervise``) brings the master back and puts the node's chunks back into the new store.
+    Records, in seconds since the kill: when the node reported the master up again with its
+    chunks put back (``up_s``), the master's downtime as the node measured it (``down_s``) and
+    the chunks put back (``reput``); the agents' rows give the rest (:func:`restart_outcome`).
+
+    Args:
+        pool: the pool node's process (started with ``--backend mooncake --start-master``).
+        timeout: how long to wait for the node's report.
+    """
+
+    thread_name = "master-restart"
+
+    def __init__(self, pool: PoolProcess, timeout: float = 60.0) -> None:
+        super().__init__()
+        self.pool = pool
+        self.timeout = timeout
+
+    def _run(self, at: float) -> None:
+        ev = self.events
+        try:
+            time.sleep(max(0.0, at - time.time()))
+            pid = self.pool.master_pid
+            if pid is None:
+                ev["error"] = "the pool node reported no mooncake_master pid"
+                return
+            os.kill(pid, signal.SIGKILL)
+            killed = time.time()
+            ev["killed_at"] = killed
+            try:
+                seen, line = self.pool.master_restarts.get(timeout=self.timeout)
+            except queue.Empty:
+                ev["error"] = f"master not restarted within {self.timeout} s"
+                return
+            ev["up_s"] = seen - killed
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            ev["down_s"] = float(fields.get("down_s", "nan"))
+            ev["reput"] = int(fields.get("reput", "0"))
+            if "not put back" in line:
+                ev["error"] = line
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's outcome, never lost
+            ev["error"] = f"master restart failed: {exc!r}"
+
+
 def cache_entries(address: str, device_id: int = 1) -> int:
     """Entries in the switch's cache table, read without arbitration (a read needs none)."""
     import grpc
@@ -824,6 +897,32 @@ def cache_entries(address: str, device_id: int = 1) -> int:
         return sum(len(r.entities) for r in replies)
 
 
+def sram_writes(address: str, device_id: int = 1) -> int:
+    """WRITEs the switch has stored into SRAM (its KVP event counter ``EV_WRITE``).
+
+    Read without arbitration (a read needs none).
+    """
+    import grpc
+    from finsy.proto import p4r, p4r_grpc
+
+    from emulation.targets import load_p4info
+
+    (counter_id,) = (
+        t.preamble.id
+        for t in load_p4info().counters
+        if t.preamble.name == c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
+    )
+    request = p4r.ReadRequest(device_id=device_id)
+    entry = request.entities.add().counter_entry
+    entry.counter_id = counter_id
+    entry.index.index = c.EV_WRITE
+    with grpc.insecure_channel(address) as channel:
+        for reply in p4r_grpc.P4RuntimeStub(channel).Read(request, timeout=10):
+            for entity in reply.entities:
+                return int(entity.counter_entry.data.packet_count)
+    return 0
+
+
 class ControllerRestart(_RestartWatcher):
     """Kills the controller daemon in the middle of a run and starts it again at once.
 
@@ -835,19 +934,47 @@ class ControllerRestart(_RestartWatcher):
     among them (``orphans``: entries the daemon does not hold, must be 0); and the daemon's
     loads in its first session (``reloads``, from its metrics; adoption loads nothing).
 
+    With ``during_load_frags`` (the fragments of every block) the daemon is killed while it is
+    writing a block into SRAM: from ``at`` on, the switch's count of stored WRITEs is polled,
+    and the kill comes when it is not a multiple of a block's fragments (a load is half done).
+    ``writes_at_kill`` and ``partial_frags`` (WRITEs of the interrupted load that reached SRAM,
+    read once the dead daemon's last packets are through) record it.
+
     Args:
         daemon: the running daemon.
         switch_address: the switch's P4Runtime address.
         metrics_port: the daemon's metrics port.
+        during_load_frags: kill in the middle of a load of blocks of this many fragments
+            (None: at ``at``, whatever the daemon is doing).
+        load_wait_s: how long to wait for a load in progress before giving up (an error).
     """
 
     thread_name = "controller-restart"
 
-    def __init__(self, daemon: ControllerProcess, switch_address: str, metrics_port: int) -> None:
+    def __init__(
+        self,
+        daemon: ControllerProcess,
+        switch_address: str,
+        metrics_port: int,
+        during_load_frags: int | None = None,
+        load_wait_s: float = 20.0,
+    ) -> None:
         super().__init__()
         self.daemon = daemon
         self.switch_address = switch_address
         self.metrics_port = metrics_port
+        self.during_load_frags = during_load_frags
+        self.load_wait_s = load_wait_s
+
+    def _wait_for_a_load(self) -> bool:
+        frags = self.during_load_frags
+        assert frags is not None
+        deadline = time.monotonic() + self.load_wait_s
+        while time.monotonic() < deadline:
+            if sram_writes(self.switch_address) % frags:
+                return True
+            time.sleep(0.002)
+        return False
 
     def _run(self, at: float) -> None:
         ev = self.events
@@ -856,9 +983,17 @@ class ControllerRestart(_RestartWatcher):
             code, doc = self.daemon.status.status()
             before = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
             ev["resident_before"] = int(before.get("resident_chunks", 0))
+            if self.during_load_frags is not None and not self._wait_for_a_load():
+                ev["error"] = f"no load in progress seen within {self.load_wait_s} s"
+                return
             self.daemon.kill()
             killed = time.time()
             ev["killed_at"] = killed
+            if self.during_load_frags is not None:
+                time.sleep(0.2)  # the dead daemon's last PacketOuts, if any, are through
+                writes = sram_writes(self.switch_address)
+                ev["writes_at_kill"] = writes
+                ev["partial_frags"] = writes % self.during_load_frags
             ev["switch_entries_at_kill"] = cache_entries(self.switch_address)
             self.daemon.start()
             sw = self.daemon.wait_ready()
@@ -883,6 +1018,8 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
         and their retries, and the run's blocks that arrived with a wrong byte
         (``wrong_bytes``, a stale or foreign slot served; must be 0); ``pool_return_s``: kill
         to the end of the first request started after it that the pool served a fragment of.
+        For a pool node or its master (``up_s`` without ``resync_s``) the outage lasts until
+        the later of the hits' return and ``up_s``.
     """
     out = dict(events)
     killed = events.get("killed_at")
@@ -892,7 +1029,10 @@ def restart_outcome(rows: Sequence[dict[str, Any]], events: dict[str, Any]) -> d
     hits = [r["t_done"] for r in after if r["blocks_hit"]]
     back = min(hits) if hits else None
     out["hits_return_s"] = None if back is None else back - killed
-    window = [r for r in rows if r["t_done"] >= killed and (back is None or r["t_start"] <= back)]
+    end = back
+    if "up_s" in events and "resync_s" not in events:  # a pool node or its master: the outage
+        end = max(back or killed, killed + events["up_s"])  # lasts until the pool is back
+    window = [r for r in rows if r["t_done"] >= killed and (end is None or r["t_start"] <= end)]
     out["requests_in_outage"] = len(window)
     out["failed_blocks"] = sum(r["failed"] for r in window)
     out["fell_back"] = sum(r["fell_back"] for r in window)
@@ -923,6 +1063,8 @@ def run_replay(
     restart_controller_after_s: float | None = None,
     pool_node: PoolProcess | None = None,
     restart_pool_after_s: float | None = None,
+    restart_master_after_s: float | None = None,
+    kill_controller_during_load: bool = False,
 ) -> RunResult:
     """One replay run on a running cluster whose pool node holds every block.
 
@@ -948,6 +1090,11 @@ def run_replay(
         pool_node: the pool node's process (needed to restart it).
         restart_pool_after_s: kill and restart the pool node this long after the first
             dispatch (:class:`PoolRestart`); None: no restart.
+        restart_master_after_s: kill the pool node's ``mooncake_master`` this long after the
+            first dispatch (:class:`MasterRestart`; the node must run Mooncake); None: no
+            restart.
+        kill_controller_during_load: with ``restart_controller_after_s``, kill the daemon at
+            the first moment after it that a block is half written into SRAM.
 
     Returns:
         The run's result.
@@ -1017,19 +1164,25 @@ def run_replay(
         t0 = time.time() + 1.0
         first = requests[0].time if requests else 0.0
         progress(f"  {name}: {len(requests)} requests over {len(hosts)} hosts")
-        restart: SwitchRestart | ControllerRestart | PoolRestart | None = None
+        restart: SwitchRestart | ControllerRestart | PoolRestart | MasterRestart | None = None
         if restart_switch_after_s is not None:
             restart = SwitchRestart(cluster, daemon.status)
             restart.start(t0 + restart_switch_after_s)
         elif restart_controller_after_s is not None:
             address = cluster.switch.process.address if cluster.switch.process else ""
-            restart = ControllerRestart(daemon, address, metrics_port)
+            frags = -(-block_bytes // c.FRAG_BYTES) if kill_controller_during_load else None
+            restart = ControllerRestart(daemon, address, metrics_port, during_load_frags=frags)
             restart.start(t0 + restart_controller_after_s)
         elif restart_pool_after_s is not None:
             if pool_node is None:
                 raise ValueError("restart_pool_after_s needs the pool node's process")
             restart = PoolRestart(pool_node)
             restart.start(t0 + restart_pool_after_s)
+        elif restart_master_after_s is not None:
+            if pool_node is None:
+                raise ValueError("restart_master_after_s needs the pool node's process")
+            restart = MasterRestart(pool_node)
+            restart.start(t0 + restart_master_after_s)
         for req in requests:
             at = t0 + (req.time - first) / speedup
             time.sleep(max(0.0, at - time.time() - 0.05))
@@ -1110,6 +1263,9 @@ def run_experiment(
     restart_switch_after_s: float | None = None,
     restart_controller_after_s: float | None = None,
     restart_pool_after_s: float | None = None,
+    restart_master_after_s: float | None = None,
+    pool_backend: str = "memory",
+    kill_controller_during_load: bool = False,
 ) -> dict[str, RunResult]:
     """Both runs on one emulated cluster (cache off first: it leaves the switch cache empty).
 
@@ -1133,6 +1289,11 @@ def run_experiment(
             after its first dispatch (None: never).
         restart_controller_after_s: the same for the controller daemon.
         restart_pool_after_s: the same for the pool node.
+        restart_master_after_s: the same for the pool node's ``mooncake_master``.
+        pool_backend: the pool node's store: ``memory``, or ``mooncake`` (Mooncake Store, its
+            master started and supervised by the node; read per GET, no chunk cache).
+        kill_controller_during_load: the controller restart kills the daemon in the middle of
+            a load (:class:`ControllerRestart`).
 
     Returns:
         The results by run name.
@@ -1161,8 +1322,11 @@ def run_experiment(
         workdir = Path(tmp)
         pool = cluster.pools()[0]
         names = [h.name for h in cluster.hosts()] + [pool.name]
+        if pool_backend not in ("memory", "mooncake"):
+            raise ValueError(f"pool_backend must be memory or mooncake, got {pool_backend!r}")
+        store = ["--start-master", "--segment-mib", "64"] if pool_backend == "mooncake" else []
         pool_cmd = [
-            sys.executable, "-m", "poolnode", "--backend", "memory",
+            sys.executable, "-m", "poolnode", "--backend", pool_backend, *store,
             "--port", str(c.KVP_UDP_PORT), "--cache-mib", "0",
             *[a for k in blocks for a in ("--preload", f"{TENANT}:{k:#x}:{block_bytes}:{SEED}")],
         ]  # fmt: skip
@@ -1196,6 +1360,8 @@ def run_experiment(
                     ),
                     pool_node=pool_node,
                     restart_pool_after_s=restart_pool_after_s if name == "cache-on" else None,
+                    restart_master_after_s=(restart_master_after_s if name == "cache-on" else None),
+                    kill_controller_during_load=kill_controller_during_load,
                 )
     return results
 

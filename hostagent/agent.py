@@ -69,7 +69,7 @@ from typing import Any, TextIO
 
 import torch
 
-from hostagent.fetch import FetchClient, FetchError, FetchReport
+from hostagent.fetch import MIN_RETRY_TIMEOUT_S, FetchClient, FetchError, FetchReport
 from hostagent.integrity import load_tenant_keys
 from hostagent.ports import AGENT_PORT
 from hostagent.reports import HttpReporter, ReportSink
@@ -160,6 +160,12 @@ def _add_fetch_arguments(f: argparse.ArgumentParser) -> None:
     f.add_argument("--timeout", type=float, default=30.0, help="bound on the whole fetch, s")
     f.add_argument("--get-timeout", type=float, default=0.02, help="first GET timeout, s")
     f.add_argument("--max-get-timeout", type=float, default=0.25, help="backed-off cap, s")
+    f.add_argument(
+        "--min-retry-timeout",
+        type=float,
+        default=MIN_RETRY_TIMEOUT_S,
+        help="floor of a retry's timeout (a retry waits the measured srtt + 4 rttvar), s",
+    )
     f.add_argument("--max-retries", type=int, default=3, help="retries per path")
     f.add_argument("--window", type=int, default=32, help="GETs outstanding")
     f.add_argument(
@@ -213,6 +219,9 @@ def _client(args: argparse.Namespace, reporter: ReportSink | None = None) -> Fet
         mtu=args.mtu,
         timeout_s=args.get_timeout,
         max_timeout_s=max(args.max_get_timeout, args.get_timeout),
+        min_retry_timeout_s=min(
+            args.min_retry_timeout, max(args.max_get_timeout, args.get_timeout)
+        ),
         max_retries=args.max_retries,
         deadline_s=args.timeout,
         group=args.group if mode in ("leader", "follower") else 0,
@@ -332,6 +341,8 @@ def _fetch(args: argparse.Namespace, reporter: ReportSink | None) -> dict[str, A
         duration_s=report.duration_s,
         srtt_s=round(report.srtt_s, 6),
         rto_s=round(report.rto_s, 6),
+        fast_retransmits=report.fast_retransmits,
+        tail_probes=report.tail_probes,
     )
     return out
 

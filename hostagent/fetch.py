@@ -89,11 +89,33 @@ MAX_FETCHES = 64
 GAP_FRAGMENTS = 64
 # A GET still unanswered when this many GETs sent after it on the same path have been answered
 # was lost (a path answers in order; this much reordering is tolerated) once a round trip and a
-# reordering window have passed since it was sent: its fragments are asked for again then, on
-# their first try only, instead of after the timeout (TCP's fast retransmit, timed as RACK).
-# The timeout never goes below the client's first timeout, so without this one lost fragment
-# costs the whole fetch that timeout.
+# reordering window have passed since it was sent: its fragments are asked for again then,
+# instead of after the timeout (TCP's fast retransmit, timed as RACK). A retry too: it has a
+# request id of its own, so GETs sent after it that are answered show its loss as they show a
+# first try's. A first try's timeout never goes below the client's first timeout, so without
+# this one lost fragment costs the whole fetch that timeout.
 FAST_REORDER_GETS = 3
+# A fragment is sent again on evidence of its loss (fast retransmit, tail probe) at most this many
+# times; such re-sends do not use up the path's ``max_retries`` (later GETs were answered, so
+# the path works and only this fragment was unlucky: at 20 % loss a fragment's answer is lost
+# on three round trips in a row once in 20), only timeouts, CRC failures and NACKs do. Beyond
+# the cap its timeout decides, so a fragment no path ever answers still gives up.
+FAST_REPAIRS_MAX = 8
+# The shortest retry timeout. A retry's timeout is the measured ``srtt + 4 rttvar`` (RFC 6298;
+# doubled per timeout of its fragment), not the client's first timeout: a retry is sent after
+# at least one round trip, into a queue the samples describe. The floor covers what the samples
+# do not: nothing answers late on purpose (a pool node and the switch answer each GET at once;
+# no delayed ACKs, the reason for TCP's 200 ms floor), but the answering process may wait for
+# a CPU. On the emulation a dozen processes share 2 CPUs, and Linux's scheduler (EEVDF) gives
+# each runnable task a slice of 0.75 ms x (1 + log2 CPUs) = 1.5 ms, so a process behind five
+# others on its CPU answers up to about 8 ms late: 10 ms keeps such a wait from being taken
+# for a loss. A spurious retry costs one duplicate answer. A fragment that has failed twice
+# (its retry went unanswered too) is more likely behind an outage than unlucky (at 1 % loss
+# one in 2,500): its later retries back off from the first-try timeout as before, so a path
+# still gets about as long as it did (13 first timeouts and one retry timeout over three
+# retries, against 15 first timeouts) to come back (a restarted pool node or switch) before
+# the client gives it up.
+MIN_RETRY_TIMEOUT_S = 0.01
 # A follower whose stream has reached its tail (within GAP_FRAGMENTS of the end) and then gone
 # quiet for QUIET_FACTOR times its mean fragment spacing (at least QUIET_MIN_S, at most the
 # stall time) takes the stream as ended and repairs the tail's losses at once: nothing after a
@@ -111,6 +133,7 @@ TAIL_PROBE_MIN_S = 0.005
 DEFAULT_CHUNKS_IN_FLIGHT = 4
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
+_FAST_CAP = bytes([FAST_REPAIRS_MAX])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
 _FRAG_IDX_AT = 24
 if KVP_STRUCT.unpack(bytes(range(_HDR)))[9] != (_FRAG_IDX_AT << 8) | (_FRAG_IDX_AT + 1):
@@ -166,7 +189,8 @@ class FetchReport:
         repairs: fragments a follower received in answer to its own repair GETs.
         stalled: whether a follower's stream stalled and it started repairing.
         gets_sent: GET messages sent.
-        retries: GETs re-sent after a timeout, a CRC failure or NACK UNAVAILABLE.
+        retries: GETs re-sent after a timeout (a NACK UNAVAILABLE waits for it), a CRC failure,
+            or on evidence of loss (fast retransmits, tail probes).
         timeouts: GETs that went unanswered in time.
         crc_failures: DATA messages whose CRC did not match (dropped, fragments re-fetched).
         duplicates: DATA messages that brought no new fragment.
@@ -291,6 +315,9 @@ class _State:
     frag: bytearray = field(init=False)
     owner: array[int] = field(init=False)
     tries: bytearray = field(init=False)
+    """Per fragment: times sent again on this path (backs off its timeout)."""
+    fast: bytearray = field(init=False)
+    """Per fragment: of those, re-sends on evidence of loss (FAST_REPAIRS_MAX)."""
     missing: int = field(init=False)
     get_group: int = 0
     follower: bool = False
@@ -317,7 +344,11 @@ class _State:
     srtt: float = 0.0
     rttvar: float = 0.0
     rto: float = 0.0
-    """The GET timeout now: measured round trips (RFC 6298), within the client's bounds."""
+    """The first try's timeout now: measured round trips (RFC 6298), within the client's
+    bounds."""
+    rrto: float = 0.0
+    """A retry's timeout before backoff: ``srtt + 4 rttvar``, at least ``min_retry_timeout_s``
+    (0.0 before the first sample: ``rto`` then)."""
     late: dict[int, float] = field(default_factory=dict)
     """Send times of GETs that timed out: a late reply still measures the round trip."""
     rid_base: int = 0
@@ -342,6 +373,7 @@ class _State:
         self.frag = bytearray(self.n)
         self.owner = array("L", bytes(self.n * array("L").itemsize))
         self.tries = bytearray(self.n)
+        self.fast = bytearray(self.n)
         self.missing = self.n
 
 
@@ -361,8 +393,12 @@ class FetchClient:
             the switch answers the first fragment only); default: what one DATA carries in
             ``mtu``.
         mtu: IP MTU, for the default ``frags_per_get``.
-        timeout_s: first timeout of a GET; doubled per retry of its first fragment.
+        timeout_s: first timeout of a GET, and the least a first try waits: the first GETs
+            are sent in a burst before any round trip is measured, and their answers may queue
+            behind every requester's window (see ``experiments.incast.get_timeouts``).
         max_timeout_s: cap of the backed-off timeout.
+        min_retry_timeout_s: floor of a retry's timeout (MIN_RETRY_TIMEOUT_S); a retry waits
+            the measured ``srtt + 4 rttvar``, doubled per timeout of its first fragment.
         max_retries: retries of a fragment on one path before moving on.
         deadline_s: bound on a whole fetch.
         group: multicast group of this host (0: none). ``fetch`` names it in its GETs, so the
@@ -400,6 +436,7 @@ class FetchClient:
         mtu: int = DEFAULT_MTU,
         timeout_s: float = 0.02,
         max_timeout_s: float = 0.25,
+        min_retry_timeout_s: float = MIN_RETRY_TIMEOUT_S,
         max_retries: int = 3,
         deadline_s: float = 5.0,
         group: int = 0,
@@ -414,10 +451,16 @@ class FetchClient:
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
-        if window < 1 or max_retries < 0 or not 0 < timeout_s <= max_timeout_s:
+        if (
+            window < 1
+            or max_retries < 0
+            or not 0 < timeout_s <= max_timeout_s
+            or not 0 < min_retry_timeout_s <= max_timeout_s
+        ):
             raise ValueError(
-                f"need window >= 1, max_retries >= 0 and 0 < timeout_s <= max_timeout_s; got "
-                f"{window}, {max_retries}, {timeout_s}, {max_timeout_s}"
+                f"need window >= 1, max_retries >= 0, 0 < timeout_s <= max_timeout_s and 0 < "
+                f"min_retry_timeout_s <= max_timeout_s; got {window}, {max_retries}, "
+                f"{timeout_s}, {max_timeout_s}, {min_retry_timeout_s}"
             )
         if not 1 <= max_chunks_in_flight <= MAX_FETCHES:
             raise ValueError(
@@ -433,6 +476,7 @@ class FetchClient:
         self.frags_per_get = frags_per_get or frags_per_data(mtu)
         self.timeout_s = timeout_s
         self.max_timeout_s = max_timeout_s
+        self.min_retry_timeout_s = min_retry_timeout_s
         self.max_retries = min(max_retries, 254)
         self.deadline_s = deadline_s
         self.tail_probe_min_s = tail_probe_min_s
@@ -1015,8 +1059,9 @@ class FetchClient:
         addr, pflags, conn = self.paths[path].addr, self.paths[path].flags, self.paths[path].sock
         sock, get, pack_into = self._sock, self._get, KVP_STRUCT.pack_into
         tenant, group, key = st.tenant, st.get_group, st.key
-        tries, report = st.tries, st.report
+        tries, fast, report = st.tries, st.fast, st.report
         rto0, rto_max = st.rto, self.max_timeout_s
+        rrto = st.rrto or rto0
         scan, next_check, rid = st.scan, st.next_check, self._next_req
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
@@ -1049,7 +1094,11 @@ class FetchClient:
                 frag[i:j] = bytes([_REQUESTED]) * (j - i)
                 owner[i:j] = array("L", (rid,)) * (j - i)
             t = tries[i]
-            due = now + (rto0 if t == 0 else min(rto0 * (1 << t), rto_max))
+            if t == 0:
+                due = now + rto0
+            else:  # a retry: see MIN_RETRY_TIMEOUT_S
+                k = t - fast[i]  # its failures (timeouts, CRC failures, NACKs), not fast re-sends
+                due = now + (rrto if k <= 1 else min(rto0 * (1 << k), rto_max))
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
@@ -1060,9 +1109,21 @@ class FetchClient:
             st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
             self._next_req = rid
 
-    def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
-        """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
-        frag, owner, tries = st.frag, st.owner, st.tries
+    def _release(self, st: _State, rid: int, g: _Get, failed: bool, fast: bool = False) -> None:
+        """Returns a GET's still-requested fragments to MISSING.
+
+        Args:
+            st: the fetch.
+            rid: the GET's request id.
+            g: the GET.
+            failed: count a retry (the fragments are sent again).
+            fast: the retry is on evidence of loss (fast retransmit, tail probe): it counts
+                towards FAST_REPAIRS_MAX, not towards the path's ``max_retries``.
+
+        Raises:
+            _GiveUp: a fragment used up its retries on the last path.
+        """
+        frag, owner, tries, nfast = st.frag, st.owner, st.tries, st.fast
         start, count = g[0], g[1]
         exhausted = False
         for f in range(start, start + count):
@@ -1070,7 +1131,9 @@ class FetchClient:
                 frag[f] = _MISSING
                 if failed:
                     tries[f] = min(tries[f] + 1, 255)
-                    exhausted |= tries[f] > self.max_retries
+                    if fast and nfast[f] < FAST_REPAIRS_MAX:
+                        nfast[f] += 1
+                    exhausted |= tries[f] - nfast[f] > self.max_retries
         st.scan = min(st.scan, start)
         if failed:
             st.report.retries += 1
@@ -1081,39 +1144,41 @@ class FetchClient:
         """Releases GETs overtaken by FAST_REORDER_GETS answered ones (see that constant).
 
         Overtaken GETs are released once a round trip and a reordering window (a quarter of
-        it, or two deviations if more: jitter) have passed since they were sent (as RACK).
+        it, or two deviations if more: jitter) have passed since they were sent (as RACK),
+        retries as well as first tries, until a fragment of theirs has been sent again
+        FAST_REPAIRS_MAX times so.
 
         Returns:
             When an overtaken GET's window ends next (inf: none waits).
         """
         st.fast_seen = st.answered
         limit = st.answered - FAST_REORDER_GETS
-        base, tries = st.rid_base, st.tries
+        base, nfast = st.rid_base, st.fast
         wait = st.srtt + max(st.srtt / 4, 2 * st.rttvar)
         due = math.inf
         for rid, g in list(st.inflight.items()):
             if (rid - base) & 0xFFFFFFFF >= limit:
                 continue
-            if tries.count(0, g[0], g[0] + g[1]) != g[1]:
-                continue  # a retry already: its timeout (with backoff) decides; fast
-                # retransmits of retries exhaust max_retries at 20 % loss and refuse fetches
+            if nfast.find(_FAST_CAP, g[0], g[0] + g[1]) >= 0:
+                continue  # re-sent on evidence often enough: its timeout decides
             if now < g[3] + wait:
                 due = min(due, g[3] + wait)
                 continue
             st.report.fast_retransmits += 1
-            self._give_up_get(st, rid, g)
+            self._give_up_get(st, rid, g, fast=True)
         return due
 
-    def _give_up_get(self, st: _State, rid: int, g: _Get) -> None:
+    def _give_up_get(self, st: _State, rid: int, g: _Get, fast: bool = False) -> None:
         """Stops waiting for GET ``rid``: its fragments are asked again.
 
-        A late answer still counts: ``st.late`` keeps the GET's send time (bounded).
+        ``fast``: on evidence of loss (see ``_release``). A late answer still counts:
+        ``st.late`` keeps the GET's send time (bounded).
         """
         del st.inflight[rid]
         if len(st.late) >= 4096:
             st.late.clear()
         st.late[rid] = g[3]
-        self._release(st, rid, g, failed=True)
+        self._release(st, rid, g, failed=True, fast=fast)
 
     def _tail_probe(self, st: _State, now: float, limit: int) -> float:
         """Resends the tail's first-try GETs unanswered for TAIL_PROBE_SRTTS round trips.
@@ -1138,7 +1203,7 @@ class FetchClient:
                 due = min(due, g[3] + pto)
                 continue
             st.report.tail_probes += 1
-            self._give_up_get(st, rid, g)
+            self._give_up_get(st, rid, g, fast=True)
             due = now  # send it again at once
         return due
 
@@ -1171,6 +1236,7 @@ class FetchClient:
         st.inflight.clear()
         st.path_starts.append(st.rids_used)
         st.tries = bytearray(st.n)
+        st.fast = bytearray(st.n)
         st.scan = 0
 
     def _read_direct(self, st: _State) -> None:
@@ -1453,17 +1519,20 @@ class FetchClient:
         Each GET has its own request id and a retry gets a new one, so every reply names the
         GET it answers and every sample is unambiguous (no Karn's rule needed), the late reply
         to a GET that already timed out included: that is the sample that matters most. The
-        timeout is ``srtt + 4 rttvar``, never below the client's first timeout nor above its
-        largest: a switch or pool link that queues replies longer than the first timeout (a
-        software switch answering N hosts' GETs one by one) makes the GETs wait longer instead
-        of being sent again and queued twice.
+        first try's timeout is ``srtt + 4 rttvar``, never below the client's first timeout nor
+        above its largest: a switch or pool link that queues replies longer than the first
+        timeout (a software switch answering N hosts' GETs one by one) makes the GETs wait longer
+        instead of being sent again and queued twice. A retry's is the same without the first
+        timeout's floor (``min_retry_timeout_s`` instead).
         """
         if st.srtt == 0.0:
             st.srtt, st.rttvar = rtt, rtt / 2
         else:
             st.rttvar = 0.75 * st.rttvar + 0.25 * abs(st.srtt - rtt)
             st.srtt = 0.875 * st.srtt + 0.125 * rtt
-        st.rto = min(self.max_timeout_s, max(self.timeout_s, st.srtt + 4 * st.rttvar))
+        rto = st.srtt + 4 * st.rttvar
+        st.rto = min(self.max_timeout_s, max(self.timeout_s, rto))
+        st.rrto = min(self.max_timeout_s, max(self.min_retry_timeout_s, rto))
 
     def _nack(self, st: _State, rid: int, status: int, path: int | None) -> None:
         if path != st.path:
@@ -1472,10 +1541,9 @@ class FetchClient:
             self._next_path(st, RecomputeReason.NOT_FOUND)
         elif status == c.KVP_STATUS_BAD_REQUEST:
             raise _GiveUp(RecomputeReason.LENGTH_MISMATCH)
-        else:
-            g = st.inflight.pop(rid, None)
-            if g is not None:
-                self._release(st, rid, g, failed=True)
+        # UNAVAILABLE (the pool's store is recovering, say): the GET waits for its timeout and
+        # is retried with backoff then; sent again at once it would use up its retries within a
+        # few round trips while the store comes back.
 
 
 def _resolved(addr: Address) -> tuple[str, int]:

@@ -7,9 +7,19 @@ in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[
 (repeatable) stores the synthetic chunk of that name (``hostagent.synthetic``) through the
 backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
 node prints one ``poolnode listening ...`` line once it is ready, serves until SIGINT/SIGTERM,
-then prints its counters as ``poolnode stats k=v ...`` and exits 0. ``--stats-file PATH`` also
-writes the counters as JSON to PATH every ``--stats-interval`` seconds and at exit (atomically:
-a reader never sees half a file).
+then prints its counters as ``poolnode stats k=v ...`` and exits 0.
+
+A master the node started (``--start-master``) is supervised (``MooncakeMaster.supervise``;
+``--no-supervise-master`` turns it off): when it dies the node answers GETs for chunks it cannot
+read ``NACK UNAVAILABLE`` (retry later), starts the master again on the same address, puts its
+preloaded chunks back (the new master knows no object; the store client reconnects by itself,
+its first call failing), and prints ``poolnode master restarted pid=P down_s=S reput=K
+reput_s=T`` (seconds from noticing the death). ``poolnode master pid=P`` follows the
+``listening`` line.
+Chunks put into the store by others are not put back: only their owners have the bytes.
+
+``--stats-file PATH`` also writes the counters as JSON to PATH every ``--stats-interval``
+seconds and at exit (atomically: a reader never sees half a file).
 
 Classes:
     StatsWriter: writes the server's counters to a JSON file, periodically and at stop.
@@ -128,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("mooncake", "memory"), default="mooncake")
     p.add_argument("--master", help="mooncake_master host:port")
     p.add_argument("--start-master", action="store_true", help="start mooncake_master here")
+    p.add_argument(
+        "--no-supervise-master",
+        dest="supervise_master",
+        action="store_false",
+        help="do not restart a master started here when it dies (nor put the chunks back)",
+    )
     p.add_argument("--local-hostname", default="127.0.0.1", help="Mooncake transfer address")
     p.add_argument("--metadata-server", default="P2PHANDSHAKE")
     p.add_argument("--protocol", default="tcp", help="Mooncake transfer protocol")
@@ -150,6 +166,48 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+REPUT_TRIES = 50
+REPUT_PAUSE_S = 0.05
+"""Tries (and the pause between them) to put the chunks back into a restarted store: the store
+client's first call after the restart fails (RPC_FAIL) while it reconnects."""
+
+
+def _supervise(
+    master: MooncakeMaster, backend: PoolBackend, server: PoolServer, preload: Sequence[ChunkSpec]
+) -> None:
+    """Restarts ``master`` when it dies and puts ``preload`` back (see the module docstring)."""
+    handler = server.handler
+    died: list[float] = []
+
+    def on_down() -> None:
+        died.append(time.monotonic())
+        handler.recovering = True
+
+    def on_restart(down_s: float) -> None:
+        chunks = [(p.tenant, p.key, p.data()) for p in preload]
+        error: Exception | None = None
+        for _ in range(REPUT_TRIES):
+            try:
+                if chunks:
+                    backend.put_many(chunks)
+                error = None
+                break
+            except PoolBackendError as exc:
+                error = exc
+                time.sleep(REPUT_PAUSE_S)
+        handler.recovering = False
+        since = time.monotonic() - (died.pop() if died else time.monotonic())
+        if error is not None:
+            print(f"poolnode master restarted but its chunks were not put back: {error}")
+        print(
+            f"poolnode master restarted pid={master.pid} down_s={down_s:.3f} "
+            f"reput={0 if error else len(chunks)} reput_s={since:.3f}",
+            flush=True,
+        )
+
+    master.supervise(on_down, on_restart)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a pool node until SIGINT or SIGTERM.
 
@@ -167,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         backend: PoolBackend
         master_addr: str | None = None
+        master: MooncakeMaster | None = None
         try:
             if args.backend == "memory":
                 backend = InMemoryBackend()
@@ -222,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"poolnode listening host={host} port={port} backend={args.backend}{where}",
             flush=True,
         )
+        if master is not None:  # after "listening": a reader waiting for that line sees this
+            print(f"poolnode master pid={master.pid} address={master.address}", flush=True)
+            if args.supervise_master:
+                _supervise(master, backend, server, args.preload)
         server.serve_forever()
         stats = " ".join(f"{k}={v}" for k, v in server.stats.as_dict().items())
         print(f"poolnode stats {stats}", flush=True)

@@ -11,8 +11,16 @@ chunk is copied once between the store and the caller's buffer. Mooncake answers
 status codes; this module turns them into ``None``/``False`` for a missing object and into a
 ``PoolBackendError`` naming the code otherwise.
 
+A master that dies loses its metadata (which objects exist, where), not the segments' bytes'
+owners: ``MooncakeMaster.supervise`` starts it again on the same address, and the store clients
+reconnect on their own (the first call after the restart fails with RPC_FAIL, the next ones
+work: tried with mooncake-transfer-engine-non-cuda's client against a new master on the same
+port), so the caller only has to put its objects back (``python -m poolnode`` re-puts its
+preloaded chunks).
+
 Classes:
-    MooncakeMaster: starts, health-checks and stops a ``mooncake_master`` process (no orphans).
+    MooncakeMaster: starts, health-checks, supervises (restarts) and stops a ``mooncake_master``
+        process (no orphans).
     MooncakeBackend: ``PoolBackend`` over ``mooncake.store.MooncakeDistributedStore``.
     MooncakeUnavailableError: the package or the master binary is not installed.
     MasterStartError: ``mooncake_master`` did not come up.
@@ -27,6 +35,7 @@ import atexit
 import contextlib
 import ctypes
 import importlib.util
+import logging
 import os
 import shutil
 import signal
@@ -35,7 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -62,6 +71,8 @@ ERROR_NAMES = {
     -901: "RPC_TIMEOUT",
 }
 _PR_SET_PDEATHSIG = 1
+
+_LOG = logging.getLogger(__name__)
 
 
 class MooncakeUnavailableError(ImportError):
@@ -149,6 +160,10 @@ class MooncakeMaster:
         self.log_path = log_path or ""
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watch: threading.Thread | None = None
+        self.restarts = 0
+        """Times the supervisor started the master again."""
 
     @property
     def address(self) -> str:
@@ -238,6 +253,87 @@ class MooncakeMaster:
             f"{self.log_tail()}"
         )
 
+    def supervise(
+        self,
+        on_down: Callable[[], None] | None = None,
+        on_restart: Callable[[float], None] | None = None,
+        poll_s: float = 0.05,
+    ) -> MooncakeMaster:
+        """Watches the master and starts it again, on the same address, whenever it dies.
+
+        A thread polls the process every ``poll_s``. When it has exited (crash, SIGKILL),
+        ``on_down()`` is called, a new master is started on the same host and RPC port (the
+        clients dial that address; a failed start is tried again at the next poll), and
+        ``on_restart(down_s)`` is called with the seconds from noticing the death to the new
+        master listening. The new master has no metadata: putting the objects back is the
+        caller's (``on_restart``). ``stop()`` ends the supervision before it stops the master.
+
+        Args:
+            on_down: called (in the supervisor's thread) when the master is found dead.
+            on_restart: called (in that thread) once a new master listens.
+            poll_s: seconds between checks.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MasterStartError: the master is not running (start it first).
+        """
+        with self._lock:
+            if not self.running():
+                raise MasterStartError("supervise() needs a running master: call start() first")
+            if self._watch is None:
+                self._stopping.clear()
+                self._watch = threading.Thread(
+                    target=self._supervise,
+                    args=(on_down, on_restart, poll_s),
+                    name="mooncake-master-supervisor",
+                    daemon=True,
+                )
+                self._watch.start()
+        return self
+
+    def _supervise(
+        self,
+        on_down: Callable[[], None] | None,
+        on_restart: Callable[[float], None] | None,
+        poll_s: float,
+    ) -> None:
+        # The supervisor's thread starts every later master, so it must outlive them: Linux
+        # delivers PR_SET_PDEATHSIG when the thread that forked the child ends.
+        down_since: float | None = None
+        while not self._stopping.wait(poll_s):
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                proc = self._proc
+                if proc is not None and proc.poll() is None:
+                    continue
+                if down_since is None:
+                    down_since = time.monotonic()
+                    status = None if proc is None else proc.returncode
+                    _LOG.warning("mooncake_master %s exited (status %s)", self.address, status)
+                    if on_down is not None:
+                        try:
+                            on_down()
+                        except Exception:  # a callback's failure must not end the supervision
+                            _LOG.exception("mooncake_master on_down callback failed")
+                self._proc = None
+                try:
+                    self._start_once(self.rpc_port)
+                except MasterStartError as exc:
+                    _LOG.error("mooncake_master did not start again (tried again): %s", exc)
+                    continue
+                down_s = time.monotonic() - down_since
+                down_since = None
+                self.restarts += 1
+                _LOG.warning("mooncake_master %s started again in %.2f s", self.address, down_s)
+            if on_restart is not None:
+                try:
+                    on_restart(down_s)
+                except Exception:
+                    _LOG.exception("mooncake_master on_restart callback failed")
+
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the master's log."""
         try:
@@ -262,8 +358,13 @@ class MooncakeMaster:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the master (SIGTERM, then SIGKILL after ``timeout_s``) and reaps it.
 
-        Safe to call more than once and when the master never started.
+        Safe to call more than once and when the master never started. A supervision
+        (``supervise``) ends first, so the master is not started again.
         """
+        self._stopping.set()
+        watch, self._watch = self._watch, None
+        if watch is not None and watch is not threading.current_thread():
+            watch.join(timeout_s + self.start_timeout_s)
         with self._lock:
             self._terminate(timeout_s)
             atexit.unregister(self.stop)

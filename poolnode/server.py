@@ -8,8 +8,10 @@ flag ``POOL``, the GET's ``group`` and ``req_id``, and a CRC per DATA (``kvcast.
 GET's source address (the requester's ip:port: the switch rewrote only the destination). It
 answers ``NACK NOT_FOUND`` for an unknown chunk, ``NACK BAD_REQUEST`` for a fragment range
 outside the chunk or a GET without its one-fragment placeholder, and ``NACK UNAVAILABLE`` when
-the backend fails. Datagrams that are not KVP at all are counted and dropped; nothing a peer
-sends can stop the server.
+the backend fails, or does not find a chunk while the node is putting its chunks back into a
+restarted store (``KvpGetHandler.recovering``): "not yet", not "never".
+Datagrams that are not KVP at all are counted and dropped; nothing a peer sends can stop the
+server.
 
 Classes:
     ServerStats: counters of everything the server received, sent, refused and dropped.
@@ -193,6 +195,9 @@ class KvpGetHandler:
         self.frags_per_data = frags_per_data(mtu)
         self.cache = ChunkCache(cache_bytes)
         self.stats = stats or ServerStats()
+        self.recovering = False
+        """Set while the store is being refilled (its master restarted): a chunk not found is
+        answered UNAVAILABLE, so the requester retries later instead of giving it up."""
 
     def _read(self, tenant: int, key: int) -> memoryview | None:
         chunk = self.cache.get(tenant, key)
@@ -261,6 +266,8 @@ class KvpGetHandler:
             log.warning("backend read of tenant %d key %#x failed: %s", tenant, key, exc)
             return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
         if chunk is None:
+            if self.recovering:
+                return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
             return self._nack(request, c.KVP_STATUS_NOT_FOUND)
         size = len(chunk)
         nfrags = -(-size // c.FRAG_BYTES)

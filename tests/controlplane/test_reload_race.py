@@ -11,6 +11,7 @@ counted drop: never B's bytes under A's key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -198,3 +199,81 @@ def test_gets_through_a_stale_entry_are_dropped_not_served_the_new_bytes(
     outcomes = run(main())
     assert outcomes == ["drop", "hit", "hit"]
     assert refswitch.drops(c.DROP_BAD_EPOCH) == 1
+
+
+KEY_C = 0x9999_AAAA_BBBB_CCCC
+DATA_C = bytes((i * 29 + 3) & 0xFF for i in range(FRAGS * F - 5))
+
+
+def test_a_controller_killed_in_the_middle_of_a_reload_leaves_nothing_half_written_served(
+    refswitch: RefSwitch,
+) -> None:
+    """The controller dies after one of B's three WRITEs into A's slots (A's entry deleted).
+
+    Nothing on the switch names the half-written range: A and B miss, never a hit of mixed or
+    stale bytes. A new controller adopts only what is whole (no orphan entry), takes the freed
+    range for its next load (C) with an epoch above every epoch still installed, and C's every
+    fragment is served exactly.
+    """
+    only_first_of_b: list[int] = []
+
+    def drop_after_first_of_b(payload: bytes) -> bool:
+        hdr = wire.KvpHeader.unpack(payload, wire.FRAME_KVP_OFFSET)
+        if hdr.op != c.KVP_OP_WRITE or hdr.key != KEY_B:
+            return False
+        if hdr.frag_idx == 0:
+            only_first_of_b.append(hdr.epoch)
+            return False
+        return True  # never reaches the pipeline: the controller is killed while it waits
+
+    async def first_controller() -> tuple[int, int]:
+        client = SwitchClient(config(refswitch))
+        loader = FragmentLoader(client, ack_timeout_s=5.0)
+        forwarding, pools = ForwardingDriver(client), PoolOwnerDriver(client)
+        for driver in (forwarding, pools, loader):
+            client.add_driver(driver)
+        async with client:
+            await forwarding.add_route(Route("10.0.4.0/24", POOL_PORT, SWITCH_MAC, POOL_MAC))
+            await pools.set_nodes([PoolNode("pool", POOL_IP)])
+            a = await loader.load(TENANT, KEY_A, DATA_A)
+            keep = await loader.load(TENANT, KEY_C + 1, DATA_A)  # a whole chunk that stays
+            refswitch.drop_packet_out = drop_after_first_of_b
+            reload = asyncio.ensure_future(replace(loader))
+            while refswitch.events(c.EV_WRITE) < 2 * FRAGS + 1:  # B's first WRITE is in SRAM
+                await asyncio.sleep(0.005)
+            # SIGKILL: the load stops here. Nothing a dying controller does after this point
+            # reaches the switch (cancelling only unwinds this process's own state).
+            reload.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reload
+            return a.slot_base, keep.epoch
+
+    async def second_controller(a_base: int, keep_epoch: int) -> None:
+        refswitch.drop_packet_out = None
+        # Half-written: A's entry is gone, B's never went in, one slot holds B's epoch.
+        assert [probe(refswitch, KEY_A, i) for i in range(FRAGS)] == ["miss"] * FRAGS
+        assert [probe(refswitch, KEY_B, i) for i in range(FRAGS)] == ["miss"] * FRAGS
+        client = SwitchClient(config(refswitch, election_id=20))
+        loader = FragmentLoader(client)
+        client.add_driver(loader)
+        async with client:
+            # Adopted: the whole chunk only; the switch holds no entry the controller lacks.
+            assert set(loader.resident()) == {ChunkId(TENANT, KEY_C + 1)}
+            assert [
+                e.match for e in refswitch.state.entries(c.TABLE_INGRESS_CACHE_CACHE_TABLE)
+            ] == [(TENANT, KEY_C + 1)]
+            entry = await loader.load(TENANT, KEY_C, DATA_C)
+            # The half-written range is reused, with an epoch above any still installed.
+            assert entry.slot_base == a_base and entry.epoch > keep_epoch
+            want = [fragment(DATA_C, i) for i in range(FRAGS)]
+            for i in range(FRAGS):
+                (out,) = refswitch.get(TENANT, KEY_C, i, req_id=i)
+                hdr = wire.KvpHeader.unpack(out.frame, wire.FRAME_KVP_OFFSET)
+                body = out.frame[wire.FRAME_KVP_OFFSET + c.KVP_HDR_BYTES :][: hdr.payload_len]
+                assert hdr.flags & c.KVP_FLAG_HIT and body == want[i]
+            assert [probe(refswitch, KEY_B, i) for i in range(FRAGS)] == ["miss"] * FRAGS
+
+    a_base, keep_epoch = run(first_controller())
+    assert len(only_first_of_b) == 1
+    run(second_controller(a_base, keep_epoch))
+    assert refswitch.drops(c.DROP_BAD_EPOCH) == 0

@@ -77,3 +77,26 @@ def test_the_cli_refuses_bad_runs_before_building_anything(
         main(["--runs", "sideways", "--trace", "/dev/null"])
     assert exit_.value.code == 2
     assert "--runs takes cache-off and/or cache-on" in capsys.readouterr().err
+
+
+def _row(t_start: float, t_done: float, **kw: int) -> dict[str, float]:
+    base = {"blocks_hit": 0, "frags_pool": 0, "failed": 0, "fell_back": 0, "retries": 0,
+            "wrong_bytes": 0}  # fmt: skip
+    return {"t_start": t_start, "t_done": t_done, **base, **kw}
+
+
+def test_a_pool_outage_lasts_until_the_pool_is_back_not_until_the_first_hit() -> None:
+    from experiments.trace_replay import restart_outcome
+
+    rows = [
+        _row(100.1, 100.2, blocks_hit=1),  # a hit just after the kill at 100.0
+        _row(100.3, 100.9, frags_pool=3, retries=2),  # waited for the pool, back at 100.6
+        _row(101.0, 101.1, frags_pool=3),  # after the outage
+    ]
+    master = restart_outcome(rows, {"killed_at": 100.0, "up_s": 0.6})
+    assert (master["requests_in_outage"], master["retries"]) == (2, 2)
+    assert master["hits_return_s"] == pytest.approx(0.2)
+    assert master["pool_return_s"] == pytest.approx(0.9)
+    # A switch restart (re-synced by the daemon): the outage ends with the first hit.
+    switch = restart_outcome(rows, {"killed_at": 100.0, "up_s": 0.6, "resync_s": 1.0})
+    assert (switch["requests_in_outage"], switch["retries"]) == (1, 0)

@@ -106,16 +106,23 @@ class Corrupting:
 
 
 class Dropping:
-    """The pool, but the first answer to a GET starting at a fragment in ``frags`` is lost."""
+    """The pool, but the first answer to a GET starting at a fragment in ``frags`` is lost
+    (the first ``times[f]`` answers for a fragment ``f`` in ``times``)."""
 
-    def __init__(self, backend: InMemoryBackend, frags: set[int]) -> None:
+    def __init__(
+        self, backend: InMemoryBackend, frags: set[int], times: dict[int, int] | None = None
+    ) -> None:
         self.inner = pool(backend)
         self.pending = set(frags)
+        self.times = dict(times or {})
 
     def __call__(self, datagram: bytes) -> list[bytes]:
         first = KvpHeader.unpack(datagram).frag_idx
         if first in self.pending:
             self.pending.discard(first)
+            return []
+        if self.times.get(first, 0) > 0:
+            self.times[first] -= 1
             return []
         return self.inner(datagram)
 

@@ -206,6 +206,48 @@ def test_a_lost_get_at_the_tail_is_probed_before_its_timeout(backend: InMemoryBa
     assert report.timeouts == 0 and report.tail_probes >= 1
 
 
+# Timing under which an old-style retry (waiting twice the first timeout) ends in DEADLINE: only a
+# retry sent on evidence of loss, or timed by the measured round trip, completes the fetch.
+LONG_FIRST = {"timeout_s": 5.0, "max_timeout_s": 5.0, "max_retries": 2, "deadline_s": 3.0}
+
+
+def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up_retries(
+    backend: InMemoryBackend,
+) -> None:
+    # Fragment 0's answer is lost three times, one more than max_retries: each loss is shown by
+    # later GETs answered (one fragment per GET, two in flight), so each re-send is a fast one,
+    # and the path, which answers everything else, is not given up.
+    with (
+        FakeServer(Dropping(backend, set(), times={0: 3})) as srv,
+        FetchClient(
+            srv.address, None, window=2, frags_per_get=1, tail_probe_min_s=0.2, **LONG_FIRST
+        ) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
+    assert (report.fast_retransmits, report.retries, report.timeouts) == (3, 3, 0)
+
+
+def test_a_lost_probe_at_the_tail_waits_the_measured_timeout_not_the_first(
+    backend: InMemoryBackend,
+) -> None:
+    # The last GET's answer is lost, and so is its probe's: nothing can overtake the probe, so
+    # its timeout decides, and a retry's timeout comes from the measured round trips (with the
+    # 10 ms floor) instead of twice the 5 s first timeout.
+    responder = Dropping(backend, set())
+    with (
+        FakeServer(responder) as srv,
+        FetchClient(srv.address, None, tail_probe_min_s=0.005, **LONG_FIRST) as client,
+    ):
+        k = client.frags_per_get
+        responder.times = {(NFRAGS - 1) // k * k: 2}
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and as_bytes(out) == CHUNK
+    assert (report.tail_probes, report.timeouts, report.retries) == (1, 1, 2)
+
+
 def test_duplicate_and_reordered_data_complete_the_chunk(backend: InMemoryBackend) -> None:
     with (
         FakeServer(DuplicatingReordering(backend)) as srv,
@@ -354,6 +396,29 @@ def test_unavailable_pool_is_retried(backend: InMemoryBackend) -> None:
     assert report.ok
     assert (report.nacks, report.retries) == (1, 1)
     assert as_bytes(out) == CHUNK
+
+
+def test_a_pool_unavailable_for_a_while_is_waited_for_not_given_up(
+    backend: InMemoryBackend,
+) -> None:
+    # A pool whose store is recovering answers UNAVAILABLE at once, for 30 ms. Re-sent at once,
+    # the GETs used up their two retries within a millisecond and the fetch, with no other path,
+    # ended NO_ANSWER; waiting for each GET's timeout (20 ms, then 20 ms) outlasts the outage.
+    inner = pool(backend)
+    until: list[float] = []
+
+    def recovering(datagram: bytes) -> list[bytes]:
+        if not until:
+            until.append(time.monotonic() + 0.03)
+        if time.monotonic() < until[0]:
+            return [nack_message(KvpHeader.unpack(datagram), c.KVP_STATUS_UNAVAILABLE)]
+        return inner(datagram)
+
+    with FakeServer(recovering) as srv, make_client(srv.address, timing=FAST) as client:
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
+    assert report.nacks >= 1 and report.timeouts >= 1
 
 
 class _AnsweredFromElsewhere:
