@@ -12,7 +12,7 @@ import pytest
 
 from kvcast import p4constants as c
 from kvcast.native import describe, native
-from kvcast.wire import chunk_crc_seed, data_message
+from kvcast.wire import chunk_crc_seed, data_message, get_message
 
 needs_native = pytest.mark.skipif(
     native is None, reason="kvcast._native not built (make setup compiles it with gcc)"
@@ -109,3 +109,58 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
     assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 2])
     assert bytes(out[3 * fb :]) == chunk[3 * fb :]
     assert [bytes(s) for s in slow] == [stolen, other]
+
+
+@needs_native
+@pytest.mark.parametrize(("mtu", "first", "end"), [(576, 0, 300), (1500, 3, 61), (9000, 0, 61)])
+def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int) -> None:
+    # 576 B carries one fragment per DATA: 300 DATAs cross the 256-message sendmmsg batch.
+    from poolnode.backend import InMemoryBackend
+    from poolnode.server import DataAnswer, KvpGetHandler
+
+    assert native is not None
+    chunk = os.urandom(end * c.FRAG_BYTES - 77)  # the last fragment is short
+    backend = InMemoryBackend()
+    backend.put(5, 0x1122334455667788, chunk)
+    handler = KvpGetHandler(backend, mtu=mtu, max_get_fragments=1024)
+    answer = handler.answer(
+        get_message(5, 0x1122334455667788, first, req_id=99, group=3, count=end - first)
+    )
+    assert isinstance(answer, DataAnswer)
+    expected = [h + bytes(p) for h, p in handler.data_replies(answer)]
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        port = rx.getsockname()[1]
+        sent = native.send_data(
+            tx.fileno(), (0x7F000001, port), answer.header, answer.chunk, first, end,
+            handler.frags_per_data, c.FRAG_BYTES,
+        )  # fmt: skip
+        assert sent == sum(len(d) for d in expected)
+        assert [rx.recv(65536) for _ in expected] == expected
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("header_len", "first", "end", "per_data"),
+    [(39, 0, 1, 1), (40, 0, 5, 1), (40, -1, 1, 1), (40, 2, 2, 1), (40, 0, 1, 0), (40, 0, 1, 300)],
+)
+def test_send_data_refuses_a_bad_header_or_range(
+    header_len: int, first: int, end: int, per_data: int
+) -> None:
+    assert native is not None
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(ValueError, match="send_data"):
+            native.send_data(
+                tx.fileno(), (0x7F000001, 9), bytes(header_len), bytes(4 * c.FRAG_BYTES - 1),
+                first, end, per_data, c.FRAG_BYTES,
+            )  # fmt: skip
+    finally:
+        tx.close()

@@ -15,6 +15,7 @@ from kvcast.wire import KvpHeader, fragment_crc, get_message
 from poolnode.backend import InMemoryBackend, PoolBackendError
 from poolnode.server import (
     ChunkCache,
+    DataAnswer,
     KvpGetHandler,
     PoolServer,
     Reply,
@@ -242,3 +243,51 @@ def test_duplicates_are_told_apart_by_range_and_group(handler: KvpGetHandler) ->
     b = get_message(TENANT, KEY, 5, req_id=7, count=5)
     assert handler.handle(a) and handler.handle(b)
     assert handler.stats.duplicate_gets == 0
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
+    data_path: str, backend: InMemoryBackend, client: socket.socket, mtu: int
+) -> None:
+    # The native path builds headers and CRCs in C (send_data); the bytes on the wire must be
+    # the Python path's, DATA for DATA, including the short tail and a group echo.
+    reference = KvpGetHandler(backend, mtu=mtu)
+    gets = [
+        get_message(TENANT, KEY, 0, req_id=70, count=NFRAGS),
+        get_message(TENANT, KEY, 4, req_id=71, count=NFRAGS - 4, group=9),
+        get_message(TENANT, KEY, NFRAGS - 1, req_id=72),
+    ]
+    expected = [h + bytes(p) for g in gets for h, p in reference.handle(g)]
+    with PoolServer(backend, "127.0.0.1", 0, mtu=mtu) as srv:
+        for g in gets:
+            client.sendto(g, srv.address)
+        got = [client.recv(65536) for _ in expected]
+        client.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            client.recv(65536)  # nothing beyond the handler's replies
+        assert got == expected
+        assert srv.stats.data_sent == reference.stats.data_sent == len(expected)
+        assert srv.stats.bytes_sent == sum(len(d) for d in expected)
+        assert srv.stats.data_payload_bytes == reference.stats.data_payload_bytes
+
+
+def test_a_served_get_is_an_answer_whose_datas_are_the_handlers_replies(
+    handler: KvpGetHandler,
+) -> None:
+    get = get_message(TENANT, KEY, 2, req_id=80, count=NFRAGS - 2)
+    answer = handler.answer(get)
+    assert isinstance(answer, DataAnswer)
+    assert (answer.first, answer.end, bytes(answer.chunk)) == (2, NFRAGS, CHUNK)
+    hdr = KvpHeader.unpack(answer.header)
+    assert (hdr.op, hdr.flags, hdr.req_id, hdr.frag_count) == (
+        c.KVP_OP_DATA,
+        c.KVP_FLAG_POOL,
+        80,
+        NFRAGS,
+    )
+    assert handler.data_replies(answer) == KvpGetHandler(handler.backend).handle(get)
+    # A refusal is the NACK to send, not a range to serve.
+    nack = handler.answer(get_message(TENANT, KEY + 1, 0, req_id=81))
+    assert isinstance(nack, list) and len(nack) == 1
+    hdr = KvpHeader.unpack(nack[0][0])
+    assert (hdr.op, hdr.status, hdr.req_id) == (c.KVP_OP_NACK, c.KVP_STATUS_NOT_FOUND, 81)
