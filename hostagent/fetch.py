@@ -72,6 +72,8 @@ _LOG = logging.getLogger(__name__)
 
 _HDR = c.KVP_HDR_BYTES
 _FB = c.FRAG_BYTES
+_GET_BYTES = _HDR + _FB
+_GET_BATCH = 64  # the most GETs packed and sent together (kvcast._native.send_gets)
 _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
@@ -463,7 +465,10 @@ class FetchClient:
         # frag_idx field (the CRC seed's last two bytes, big-endian as on the wire).
         self._full_payload = self._rview[_HDR : _HDR + _FB]
         self._frag_idx_field = self._rview[_FRAG_IDX_AT : _FRAG_IDX_AT + 2]
-        self._get = bytearray(_HDR + _FB)
+        # GETs due at once are packed here and sent together (_send, _flush_gets); the
+        # one-fragment placeholder after each header stays zero.
+        self._gets = bytearray(_GET_BYTES * _GET_BATCH)
+        self._gets_view = memoryview(self._gets)
         self._next_req = random.getrandbits(32)
 
     def _open_sockets(self, bind: Address, rcvbuf: int) -> socket.socket:
@@ -1011,13 +1016,16 @@ class FetchClient:
             return
         frag, k, owner = st.frag, self.frags_per_get, st.owner
         n = st.n if limit is None else min(limit, st.n)
-        path = st.path
-        addr, pflags, conn = self.paths[path].addr, self.paths[path].flags, self.paths[path].sock
-        sock, get, pack_into = self._sock, self._get, KVP_STRUCT.pack_into
+        pflags = self.paths[st.path].flags
+        gets, pack_into = self._gets, KVP_STRUCT.pack_into
         tenant, group, key = st.tenant, st.get_group, st.key
-        tries, report = st.tries, st.report
+        tries = st.tries
         rto0, rto_max = st.rto, self.max_timeout_s
         scan, next_check, rid = st.scan, st.next_check, self._next_req
+        # GETs are packed into consecutive slots of one buffer, their fragments marked as
+        # requested (so the next run is found after them), and the slots sent together: one
+        # sendmmsg where kvcast._native is in use. batch: (first, end, rid) per packed GET.
+        batch: list[tuple[int, int, int]] = []
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
             if i < 0:
@@ -1029,19 +1037,8 @@ class FetchClient:
                 r = frag.find(_REQUESTED, j, lim)
                 p = frag.find(_PRESENT, j, lim if r < 0 else r)
                 j = p if p >= 0 else r if r >= 0 else lim
-            pack_into(get, 0, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0, i, j - i,
-                      0, 0, 0, 0)  # fmt: skip
-            try:
-                if conn is not None:
-                    conn.send(get)
-                else:
-                    sock.sendto(get, addr)
-            except BlockingIOError:
-                scan = i
-                break
-            except OSError:
-                pass  # unreachable now; the timeout retries it
-            report.gets_sent += 1
+            pack_into(gets, len(batch) * _GET_BYTES, _GET_VO, pflags, 0, 0, tenant, group, key,
+                      rid, 0, i, j - i, 0, 0, 0, 0)  # fmt: skip
             if j == i + 1:
                 frag[i] = _REQUESTED
                 owner[i] = rid
@@ -1053,12 +1050,67 @@ class FetchClient:
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
+            batch.append((i, j, rid))
             rid = (rid + 1) & 0xFFFFFFFF
             scan = j
+            if len(batch) == _GET_BATCH:
+                unsent = self._flush_gets(st, batch)
+                batch.clear()
+                if unsent is not None:  # the send buffer is full: the rest waits
+                    scan, rid = unsent
+                    break
+        if batch:
+            unsent = self._flush_gets(st, batch)
+            if unsent is not None:
+                scan, rid = unsent
         st.scan, st.next_check = scan, next_check
         if rid != self._next_req:
             st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
             self._next_req = rid
+
+    def _flush_gets(self, st: _State, batch: list[tuple[int, int, int]]) -> tuple[int, int] | None:
+        """Sends the GETs packed in ``self._gets`` on the fetch's path.
+
+        One ``sendmmsg`` (``kvcast._native.send_gets``) where the extension is in use and the
+        path has a connected socket; else one ``send``/``sendto`` each. A GET the network
+        refuses counts as sent (its timeout retries it); the GETs a full send buffer did not
+        take are taken back: their fragments are missing again and their request ids unused.
+
+        Args:
+            st: the fetch the GETs belong to.
+            batch: (first fragment, end, request id) of each packed GET, in slot order.
+
+        Returns:
+            None when every GET was handled; else the first GET not sent, as (its first
+            fragment, its request id): where the next ``_send`` resumes.
+        """
+        path = self.paths[st.path]
+        conn, count = path.sock, len(batch)
+        if self._native is not None and conn is not None:
+            sent = self._native.send_gets(conn.fileno(), self._gets, _GET_BYTES, count)
+        else:
+            sent = count
+            view = self._gets_view
+            for q in range(count):
+                msg = view[q * _GET_BYTES : (q + 1) * _GET_BYTES]
+                try:
+                    if conn is not None:
+                        conn.send(msg)
+                    else:
+                        self._sock.sendto(msg, path.addr)
+                except BlockingIOError:
+                    sent = q
+                    break
+                except OSError:
+                    pass  # unreachable now; the timeout retries it
+        st.report.gets_sent += sent
+        if sent == count:
+            return None
+        frag, inflight = st.frag, st.inflight
+        for i, j, rid in batch[sent:]:
+            frag[i:j] = bytes([_MISSING]) * (j - i)
+            del inflight[rid]
+        return batch[sent][0], batch[sent][2]
 
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""

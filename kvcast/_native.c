@@ -12,7 +12,8 @@
  *   send_batch(fd, addr, msgs)  sendmmsg() of (header, payload) pairs to one address.
  *   send_data(...)              a pool node's DATAs for a GET's fragment range: headers and
  *                               CRCs built in C, sent with sendmmsg().
- *   recv_fetches(...)          recv_fetch for several fetches at once (a window of chunks): each
+ *   send_gets(fd, buf, slot, n) an agent's GETs that are due at once, one sendmmsg().
+ *   recv_fetches(...)           recv_fetch for several fetches at once (a window of chunks): each
  *                               DATA goes to the fetch whose tenant and key it names.
  *   recv_count(...)             recvmmsg() that only counts: the benchmarks' receive ceiling.
  *
@@ -760,6 +761,59 @@ done:
     return result;
 }
 
+/*
+ * send_gets(fd, buf, slot, count) -> messages handled
+ *
+ * An agent's GETs that are due at once, in one sendmmsg() on a connected socket (fd): message
+ * q is bytes [q*slot, (q+1)*slot) of buf, at most SEND_BATCH of them. Never waits: a full send
+ * buffer (EAGAIN) stops the call, and the result says how many messages went out before it,
+ * so the caller asks for the rest again later. A message the kernel refuses with another error
+ * (an ICMP error of an earlier GET reported on this one) counts as handled, as the Python path
+ * does: its timeout retries it.
+ */
+static PyObject *py_send_gets(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_ssize_t slot, count;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "iy*nn", &fd, &buf, &slot, &count)) {
+        return NULL;
+    }
+    if (slot <= 0 || count < 0 || count > SEND_BATCH || count * slot > buf.len) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "send_gets: count or slot outside the buffer");
+        return NULL;
+    }
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH];
+    for (Py_ssize_t q = 0; q < count; q++) {
+        iov[q].iov_base = (uint8_t *)buf.buf + q * slot;
+        iov[q].iov_len = (size_t)slot;
+        memset(&msgs[q].msg_hdr, 0, sizeof(msgs[q].msg_hdr));
+        msgs[q].msg_hdr.msg_iov = &iov[q];
+        msgs[q].msg_hdr.msg_iovlen = 1;
+    }
+    Py_ssize_t done_n = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done_n < count) {
+        int r = sendmmsg(fd, msgs + done_n, (unsigned int)(count - done_n), MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            done_n++; /* refused by the network, not by a full buffer: its timeout retries it */
+            continue;
+        }
+        done_n += r;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(done_n);
+}
+
 /* ------------------------------------------------------------------ recv_count */
 
 /*
@@ -855,6 +909,9 @@ static PyMethodDef methods[] = {
      "recv_count(fd, rxbuf, slot, count, timeout_ms): receive count datagrams, touch nothing."},
     {"send_batch", py_send_batch, METH_VARARGS,
      "send_batch(fd, (ip, port), [(header, payload), ...]): sendmmsg, returns bytes sent."},
+    {"send_gets", py_send_gets, METH_VARARGS,
+     "send_gets(fd, buf, slot, count): count slot-byte messages of buf in one sendmmsg on a "
+     "connected socket, never waiting; returns how many were handled."},
     {"send_data", py_send_data, METH_VARARGS,
      "send_data(fd, (ip, port), header, chunk, first, end, frags_per_data, frag_bytes): a pool "
      "node's DATAs for fragments [first, end), headers and CRCs built here; bytes sent."},
@@ -881,6 +938,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "SEND_BATCH", SEND_BATCH) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_FETCHES", MAX_FETCHES) < 0) {

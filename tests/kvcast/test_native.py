@@ -164,3 +164,26 @@ def test_send_data_refuses_a_bad_header_or_range(
             )  # fmt: skip
     finally:
         tx.close()
+
+
+@needs_native
+def test_send_gets_sends_each_slot_as_one_datagram_on_a_connected_socket() -> None:
+    assert native is not None
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        tx.connect(rx.getsockname())
+        slot, count = 296, 5
+        buf = bytearray(os.urandom(slot * (count + 1)))
+        assert native.send_gets(tx.fileno(), buf, slot, count) == count
+        for q in range(count):
+            assert rx.recv(2048) == bytes(buf[q * slot : (q + 1) * slot])
+        assert native.send_gets(tx.fileno(), buf, slot, 0) == 0
+        for bad in ((slot, count + 2), (0, 1), (slot, -1), (1, native.SEND_BATCH + 1)):
+            with pytest.raises(ValueError, match="send_gets"):
+                native.send_gets(tx.fileno(), bytearray(400), *bad)
+    finally:
+        rx.close()
+        tx.close()
