@@ -64,12 +64,15 @@ class DataAnswer(NamedTuple):
         chunk: the chunk's bytes.
         first: the first fragment asked for.
         end: one past the last fragment asked for (within the chunk).
+        wire_bytes: the UDP payload bytes of all its DATAs (headers included): what a send
+            that dropped nothing reports.
     """
 
     header: bytes
     chunk: memoryview
     first: int
     end: int
+    wire_bytes: int
 
 
 def frags_per_data(mtu: int) -> int:
@@ -308,11 +311,11 @@ class KvpGetHandler:
             _DATA_VO, c.KVP_FLAG_POOL, c.KVP_STATUS_OK, 0, tenant, group, key, req_id, 0, 0,
             nfrags, 0, 0, 0, 0,
         )  # fmt: skip
-        stats.data_sent += -(-count // self.frags_per_data)
-        stats.data_payload_bytes += (end * c.FRAG_BYTES if end < nfrags else size) - (
-            frag_idx * c.FRAG_BYTES
-        )
-        return DataAnswer(header, chunk, frag_idx, end)
+        datas = -(-count // self.frags_per_data)
+        payload = (end * c.FRAG_BYTES if end < nfrags else size) - frag_idx * c.FRAG_BYTES
+        stats.data_sent += datas
+        stats.data_payload_bytes += payload
+        return DataAnswer(header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES)
 
     def data_replies(self, answer: DataAnswer) -> list[Reply]:
         """The DATAs of a served GET, built in Python.
@@ -327,7 +330,7 @@ class KvpGetHandler:
             ending at the range's (or the chunk's) end, the header ``answer.header`` with
             ``frag_idx``, ``payload_len`` and ``crc`` filled in.
         """
-        header, chunk, frag_idx, end = answer
+        header, chunk, frag_idx, end, _ = answer
         (_vo, _fl, _st, _r0, tenant, group, key, req_id, _ep, _fi, nfrags, *_rest) = (
             KVP_STRUCT.unpack(header)
         )
@@ -478,11 +481,12 @@ class PoolServer:
                         if addr != last_addr:
                             to = (int.from_bytes(socket.inet_aton(addr[0]), "big"), addr[1])
                             last_addr = addr
-                        header, chunk, first, end = reply
+                        header, chunk, first, end, wire_bytes = reply
                         try:
-                            stats.bytes_sent += send_data(
-                                fd, to, header, chunk, first, end, step, c.FRAG_BYTES
-                            )
+                            sent = send_data(fd, to, header, chunk, first, end, step, c.FRAG_BYTES)
+                            stats.bytes_sent += sent
+                            if sent < wire_bytes:  # the send buffer stayed full: the rest dropped
+                                stats.send_errors += 1
                         except OSError as exc:
                             stats.send_errors += 1
                             log.debug("sendmmsg to %s failed: %s", addr, exc)

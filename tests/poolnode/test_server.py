@@ -268,6 +268,7 @@ def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
         assert got == expected
         assert srv.stats.data_sent == reference.stats.data_sent == len(expected)
         assert srv.stats.bytes_sent == sum(len(d) for d in expected)
+        assert srv.stats.send_errors == srv.stats.internal_errors == 0
         assert srv.stats.data_payload_bytes == reference.stats.data_payload_bytes
 
 
@@ -285,7 +286,9 @@ def test_a_served_get_is_an_answer_whose_datas_are_the_handlers_replies(
         80,
         NFRAGS,
     )
-    assert handler.data_replies(answer) == KvpGetHandler(handler.backend).handle(get)
+    replies = handler.data_replies(answer)
+    assert replies == KvpGetHandler(handler.backend).handle(get)
+    assert answer.wire_bytes == sum(len(h) + len(p) for h, p in replies)
     # A refusal is the NACK to send, not a range to serve.
     nack = handler.answer(get_message(TENANT, KEY + 1, 0, req_id=81))
     assert isinstance(nack, list) and len(nack) == 1
