@@ -469,6 +469,7 @@ class FetchClient:
         # one-fragment placeholder after each header stays zero.
         self._gets = bytearray(_GET_BYTES * _GET_BATCH)
         self._gets_view = memoryview(self._gets)
+        self._get_one = self._gets_view[:_GET_BYTES]
         self._next_req = random.getrandbits(32)
 
     def _open_sockets(self, bind: Address, rcvbuf: int) -> socket.socket:
@@ -1016,16 +1017,17 @@ class FetchClient:
             return
         frag, k, owner = st.frag, self.frags_per_get, st.owner
         n = st.n if limit is None else min(limit, st.n)
-        pflags = self.paths[st.path].flags
-        gets, pack_into = self._gets, KVP_STRUCT.pack_into
+        path = self.paths[st.path]
+        pflags = path.flags
+        gets, pack_into, flush = self._gets, KVP_STRUCT.pack_into, self._flush_gets
         tenant, group, key = st.tenant, st.get_group, st.key
         tries = st.tries
         rto0, rto_max = st.rto, self.max_timeout_s
         scan, next_check, rid = st.scan, st.next_check, self._next_req
-        # GETs are packed into consecutive slots of one buffer, their fragments marked as
-        # requested (so the next run is found after them), and the slots sent together: one
-        # sendmmsg where kvcast._native is in use. batch: (first, end, rid) per packed GET.
-        batch: list[tuple[int, int, int]] = []
+        # GETs are packed into consecutive slots of one buffer (q of them, request ids from
+        # first on), their fragments marked as requested (so the next run is found after
+        # them), and sent together: one sendmmsg where kvcast._native is in use.
+        q, first = 0, rid
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
             if i < 0:
@@ -1037,8 +1039,8 @@ class FetchClient:
                 r = frag.find(_REQUESTED, j, lim)
                 p = frag.find(_PRESENT, j, lim if r < 0 else r)
                 j = p if p >= 0 else r if r >= 0 else lim
-            pack_into(gets, len(batch) * _GET_BYTES, _GET_VO, pflags, 0, 0, tenant, group, key,
-                      rid, 0, i, j - i, 0, 0, 0, 0)  # fmt: skip
+            pack_into(gets, q * _GET_BYTES, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0,
+                      i, j - i, 0, 0, 0, 0)  # fmt: skip
             if j == i + 1:
                 frag[i] = _REQUESTED
                 owner[i] = rid
@@ -1050,67 +1052,82 @@ class FetchClient:
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
-            batch.append((i, j, rid))
             rid = (rid + 1) & 0xFFFFFFFF
             scan = j
-            if len(batch) == _GET_BATCH:
-                unsent = self._flush_gets(st, batch)
-                batch.clear()
-                if unsent is not None:  # the send buffer is full: the rest waits
-                    scan, rid = unsent
+            q += 1
+            if q == _GET_BATCH:
+                sent = flush(path, q)
+                st.report.gets_sent += sent
+                if sent < q:  # the send buffer is full: the rest waits
+                    scan, rid = self._take_back(st, (first + sent) & 0xFFFFFFFF, rid)
+                    q = 0
                     break
-        if batch:
-            unsent = self._flush_gets(st, batch)
-            if unsent is not None:
-                scan, rid = unsent
+                q, first = 0, rid
+        if q == 1 and path.sock is not None:  # a lone GET (the steady state): one send
+            try:
+                path.sock.send(self._get_one)
+                st.report.gets_sent += 1
+            except BlockingIOError:
+                scan, rid = self._take_back(st, first, rid)
+            except OSError:  # unreachable now; the timeout retries it
+                st.report.gets_sent += 1
+        elif q:
+            sent = flush(path, q)
+            st.report.gets_sent += sent
+            if sent < q:
+                scan, rid = self._take_back(st, (first + sent) & 0xFFFFFFFF, rid)
         st.scan, st.next_check = scan, next_check
         if rid != self._next_req:
             st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
             self._next_req = rid
 
-    def _flush_gets(self, st: _State, batch: list[tuple[int, int, int]]) -> tuple[int, int] | None:
-        """Sends the GETs packed in ``self._gets`` on the fetch's path.
+    def _flush_gets(self, path: _Path, count: int) -> int:
+        """Sends the first ``count`` GETs packed in ``self._gets`` on ``path``.
 
-        One ``sendmmsg`` (``kvcast._native.send_gets``) where the extension is in use and the
-        path has a connected socket; else one ``send``/``sendto`` each. A GET the network
-        refuses counts as sent (its timeout retries it); the GETs a full send buffer did not
-        take are taken back: their fragments are missing again and their request ids unused.
-
-        Args:
-            st: the fetch the GETs belong to.
-            batch: (first fragment, end, request id) of each packed GET, in slot order.
+        Several at once leave with one ``sendmmsg`` (``kvcast._native.send_gets``) where the
+        extension is in use and the path has a connected socket; else (and a lone GET) with one
+        ``send``/``sendto`` each. A GET the network refuses counts as sent (its timeout retries
+        it); a full send buffer stops the sending.
 
         Returns:
-            None when every GET was handled; else the first GET not sent, as (its first
-            fragment, its request id): where the next ``_send`` resumes.
+            How many of the GETs were sent (the first ones).
         """
-        path = self.paths[st.path]
-        conn, count = path.sock, len(batch)
-        if self._native is not None and conn is not None:
-            sent = self._native.send_gets(conn.fileno(), self._gets, _GET_BYTES, count)
-        else:
-            sent = count
-            view = self._gets_view
-            for q in range(count):
-                msg = view[q * _GET_BYTES : (q + 1) * _GET_BYTES]
-                try:
-                    if conn is not None:
-                        conn.send(msg)
-                    else:
-                        self._sock.sendto(msg, path.addr)
-                except BlockingIOError:
-                    sent = q
-                    break
-                except OSError:
-                    pass  # unreachable now; the timeout retries it
-        st.report.gets_sent += sent
-        if sent == count:
-            return None
+        conn = path.sock
+        if count > 1 and conn is not None and self._native is not None:
+            return int(self._native.send_gets(conn.fileno(), self._gets, _GET_BYTES, count))
+        view = self._gets_view
+        for q in range(count):
+            msg = view[q * _GET_BYTES : (q + 1) * _GET_BYTES]
+            try:
+                if conn is not None:
+                    conn.send(msg)
+                else:
+                    self._sock.sendto(msg, path.addr)
+            except BlockingIOError:
+                return q
+            except OSError:
+                pass  # unreachable now; the timeout retries it
+        return count
+
+    @staticmethod
+    def _take_back(st: _State, rid: int, end: int) -> tuple[int, int]:
+        """Takes back the packed GETs ``rid .. end - 1`` that a full send buffer refused.
+
+        Their fragments are missing again and they leave the GETs in flight; their request ids
+        are handed out again.
+
+        Returns:
+            Where the next ``_send`` resumes: (the first refused GET's first fragment, its
+            request id).
+        """
         frag, inflight = st.frag, st.inflight
-        for i, j, rid in batch[sent:]:
-            frag[i:j] = bytes([_MISSING]) * (j - i)
-            del inflight[rid]
-        return batch[sent][0], batch[sent][2]
+        resume = inflight[rid][0]
+        r = rid
+        while r != end:
+            i, count, _due, _sent = inflight.pop(r)
+            frag[i : i + count] = bytes([_MISSING]) * count
+            r = (r + 1) & 0xFFFFFFFF
+        return resume, rid
 
     def _release(self, st: _State, rid: int, g: _Get, failed: bool) -> None:
         """Returns a GET's still-requested fragments to MISSING; ``failed`` counts a retry."""
