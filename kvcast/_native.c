@@ -689,7 +689,7 @@ static inline void put32(uint8_t *p, uint32_t v) {
  * CRC-32 of the payload seeded with tenant | key | frag_idx, as kvcast.wire.fragment_crc. The
  * bytes on the wire are exactly the Python path's (KvpGetHandler.data_replies); a test compares
  * them. Sent with one sendmmsg() per 256 DATAs, as send_batch. ValueError for a range outside
- * the chunk.
+ * the chunk or past fragment 65535 (frag_idx is 16 bits on the wire).
  */
 static PyObject *py_send_data(PyObject *self, PyObject *args) {
     (void)self;
@@ -705,9 +705,10 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
     long nfrag = frag_bytes > 0 ? (long)((chunk.len + frag_bytes - 1) / frag_bytes) : 0;
     if (hdr.len != KVP_HDR || frag_bytes <= 0 || frags_per_data <= 0 ||
         (long)frags_per_data * frag_bytes > 0xFFFF || first < 0 || first >= end ||
-        end > nfrag) {
+        end > nfrag || end > 0x10000) {
         PyErr_SetString(PyExc_ValueError,
-                        "send_data: the header is not 40 bytes or the range is outside the chunk");
+                        "send_data: the header is not 40 bytes or the range is outside the chunk "
+                        "(or beyond a 16-bit fragment index)");
         goto done;
     }
     const uint8_t *h = hdr.buf;

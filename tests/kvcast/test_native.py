@@ -162,6 +162,11 @@ def test_send_data_refuses_a_bad_header_or_range(
                 tx.fileno(), (0x7F000001, 9), bytes(header_len), bytes(4 * c.FRAG_BYTES - 1),
                 first, end, per_data, c.FRAG_BYTES,
             )  # fmt: skip
+        # A chunk of more fragments than a 16-bit index names: nothing past 65535 is sent.
+        with pytest.raises(ValueError, match="16-bit"):
+            native.send_data(
+                tx.fileno(), (0x7F000001, 9), bytes(40), bytes(65537), 65536, 65537, 1, 1
+            )
     finally:
         tx.close()
 
