@@ -585,3 +585,40 @@ def test_a_steps_chunks_are_fetched_together(model_dir: Path, switch: RefSwitchB
     assert all(r.ok for r in consumer.worker.last_reports)
     producer.close()
     consumer.close()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_a_failed_request_does_not_stop_another_requests_chunks(
+    model_dir: Path, switch: RefSwitchBridge, in_flight: int
+) -> None:
+    other = list(range(1100, 1170))  # a second prompt: no block in common with PROMPT
+    producer_a, _ = produce(model_dir, switch, PROMPT)
+    producer_b, _ = produce(model_dir, switch, other)
+    ka, kb = hashes(PROMPT), hashes(other)
+    responder = CorruptFragment(CURRENT["backend"], ka[0], frag=0)
+    with FakeServer(responder) as bad_pool:
+        host, port = bad_pool.address
+        fetch = {**FETCH, "max_chunks_in_flight": in_flight}
+        consumer = Engine(model_dir, {"pool": f"{host}:{port}", "host": "consumer", "fetch": fetch})
+        consumer.add("a", PROMPT)
+        consumer.add("b", other)
+        out = consumer.scheduler.schedule()
+        # In block order: a0 b0 a1 b1 a2 b2 a3 b3.
+        assert [ld.key for ld in meta_of(out).loads] == [
+            k for pair in zip(ka, kb, strict=True) for k in pair
+        ]
+        a, b = consumer.blocks("a"), consumer.blocks("b")
+        errors = consumer.run_worker(out)
+    assert errors == set(a[:4])  # block 0 of "a" failed its CRC: all of "a" recomputes
+    # After a0 fails, a chunk only "a" needs is fetched only if it was in flight with a0; the
+    # chunks of "b" not yet started are started after it, and all of "b" is loaded.
+    fetched = [r.key for r in consumer.worker.last_reports]
+    if in_flight == 4:
+        assert fetched == [ka[0], kb[0], ka[1], kb[1], kb[2], kb[3]]
+    else:
+        assert fetched == [ka[0], *kb]
+    for mine, theirs in zip(b[:4], producer_b.blocks("p")[:4], strict=True):
+        assert consumer.block_bytes(mine) == producer_b.block_bytes(theirs)
+    producer_a.close()
+    producer_b.close()
+    consumer.close()
