@@ -715,10 +715,10 @@ def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
                 if not isinstance(answer, DataAnswer):
                     raise RuntimeError(f"the pool node did not serve GET {g[:40]!r}: {answer}")
                 if nat is not None:
-                    header, chunk, first, end, _ = answer
+                    header, chunk, first, end, _, crcs = answer
                     nat.send_data(
                         tx.fileno(), (ip, to[1]), header, chunk, first, end,
-                        handler.frags_per_data, c.FRAG_BYTES,
+                        handler.frags_per_data, c.FRAG_BYTES, crcs,
                     )  # fmt: skip
                 else:
                     for header, payload in handler.data_replies(answer):

@@ -680,7 +680,7 @@ static inline void put32(uint8_t *p, uint32_t v) {
 
 /*
  * send_data(fd, (ipv4 host-order int, port), header, chunk, first, end, frags_per_data,
- *           frag_bytes) -> bytes sent
+ *           frag_bytes, crcs=None) -> bytes sent
  *
  * A pool node's answer to GET(first .. end-1) in C: fragments [first, end) of `chunk`, at most
  * frags_per_data per DATA, each DATA the 40-byte `header` (the caller packs everything that is
@@ -690,19 +690,38 @@ static inline void put32(uint8_t *p, uint32_t v) {
  * bytes on the wire are exactly the Python path's (KvpGetHandler.data_replies); a test compares
  * them. Sent with one sendmmsg() per 256 DATAs, as send_batch. ValueError for a range outside
  * the chunk or past fragment 65535 (frag_idx is 16 bits on the wire).
+ *
+ * crcs: None, or a writable buffer of 8 bytes per fragment of the chunk that keeps, per
+ * fragment i, the CRC of the last DATA sent starting at i and that DATA's payload_len + 1
+ * (0: none yet), two native-endian uint32 (crc_slots in poolnode.server). A DATA with the same
+ * start and length takes its CRC from there instead of computing it: a pool node that serves
+ * the same ranges of a chunk to many hosts computes each CRC once. The caller keeps the buffer
+ * with the chunk's bytes it was filled from (poolnode.server.ChunkCache).
  */
 static PyObject *py_send_data(PyObject *self, PyObject *args) {
     (void)self;
     int fd, port, frags_per_data, frag_bytes;
     unsigned long ip;
     long first, end;
-    Py_buffer hdr, chunk;
-    if (!PyArg_ParseTuple(args, "i(ki)y*y*llii", &fd, &ip, &port, &hdr, &chunk, &first, &end,
-                          &frags_per_data, &frag_bytes)) {
+    Py_buffer hdr, chunk, table;
+    PyObject *crcs = Py_None;
+    if (!PyArg_ParseTuple(args, "i(ki)y*y*llii|O", &fd, &ip, &port, &hdr, &chunk, &first, &end,
+                          &frags_per_data, &frag_bytes, &crcs)) {
         return NULL;
     }
     PyObject *result = NULL;
+    table.obj = NULL;
     long nfrag = frag_bytes > 0 ? (long)((chunk.len + frag_bytes - 1) / frag_bytes) : 0;
+    if (crcs != Py_None) {
+        if (PyObject_GetBuffer(crcs, &table, PyBUF_WRITABLE) < 0) {
+            goto done;
+        }
+        if (table.len < nfrag * 8) {
+            PyErr_SetString(PyExc_ValueError, "send_data: crcs holds fewer than 8 bytes a fragment");
+            goto done;
+        }
+    }
+    uint8_t *slots = table.obj != NULL ? table.buf : NULL;
     if (hdr.len != KVP_HDR || frag_bytes <= 0 || frags_per_data <= 0 ||
         (long)frags_per_data * frag_bytes > 0xFFFF || first < 0 || first >= end ||
         end > nfrag || end > 0x10000) {
@@ -740,7 +759,21 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
             memcpy(o, h, KVP_HDR);
             put16(o + 24, (unsigned)at);
             put16(o + 28, (unsigned)(hi - lo));
-            put32(o + 36, crc32_update(crc32_update(seed, o + 24, 2), data + lo, hi - lo));
+            uint32_t crc, tag = (uint32_t)(hi - lo) + 1, held = 0;
+            uint8_t *slot = slots != NULL ? slots + (size_t)at * 8 : NULL;
+            if (slot != NULL) {
+                memcpy(&held, slot, 4);
+            }
+            if (slot != NULL && held == tag) {
+                memcpy(&crc, slot + 4, 4);
+            } else {
+                crc = crc32_update(crc32_update(seed, o + 24, 2), data + lo, hi - lo);
+                if (slot != NULL) {
+                    memcpy(slot, &tag, 4);
+                    memcpy(slot + 4, &crc, 4);
+                }
+            }
+            put32(o + 36, crc);
             iov[k][0].iov_base = o;
             iov[k][0].iov_len = KVP_HDR;
             iov[k][1].iov_base = (void *)(data + lo);
@@ -757,6 +790,9 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     result = send_result(sent, err);
 done:
+    if (table.obj != NULL) {
+        PyBuffer_Release(&table);
+    }
     PyBuffer_Release(&hdr);
     PyBuffer_Release(&chunk);
     return result;
@@ -914,8 +950,9 @@ static PyMethodDef methods[] = {
      "send_gets(fd, buf, slot, count): count slot-byte messages of buf in one sendmmsg on a "
      "connected socket, never waiting; returns how many were handled."},
     {"send_data", py_send_data, METH_VARARGS,
-     "send_data(fd, (ip, port), header, chunk, first, end, frags_per_data, frag_bytes): a pool "
-     "node's DATAs for fragments [first, end), headers and CRCs built here; bytes sent."},
+     "send_data(fd, (ip, port), header, chunk, first, end, frags_per_data, frag_bytes, "
+     "crcs=None): a pool node's DATAs for fragments [first, end), headers and CRCs built here "
+     "(kept in crcs when given); bytes sent."},
     {NULL, NULL, 0, NULL},
 };
 

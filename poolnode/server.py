@@ -66,6 +66,8 @@ class DataAnswer(NamedTuple):
         end: one past the last fragment asked for (within the chunk).
         wire_bytes: the UDP payload bytes of all its DATAs (headers included): what a send
             that dropped nothing reports.
+        crcs: the chunk's DATA CRC table from the chunk cache (``crc_slots``), or None when
+            the chunk is not cached.
     """
 
     header: bytes
@@ -73,6 +75,7 @@ class DataAnswer(NamedTuple):
     first: int
     end: int
     wire_bytes: int
+    crcs: bytearray | None = None
 
 
 def frags_per_data(mtu: int) -> int:
@@ -129,11 +132,22 @@ class ServerStats:
         return asdict(self)
 
 
+def crc_slots(nbytes: int) -> bytearray:
+    """An empty table of DATA CRCs for a chunk of ``nbytes`` (``kvcast._native.send_data``).
+
+    8 bytes per fragment: the CRC of the last DATA sent that starts at that fragment and its
+    ``payload_len + 1`` (0: none yet), as two native-endian uint32.
+    """
+    return bytearray(8 * -(-nbytes // c.FRAG_BYTES))
+
+
 class ChunkCache:
     """Recently served chunks, least recently used evicted first, bounded in bytes.
 
     Keys are content hashes, so a cached chunk never goes stale; a deleted one may be served
-    until it is evicted or invalidated.
+    until it is evicted or invalidated. With each chunk the cache keeps a table of the CRCs of
+    the DATAs sent from it (``crc_slots``, 1/32 of the chunk's size, counted in the bound): it
+    lives and dies with the chunk's bytes it was computed from.
 
     Args:
         max_bytes: total size bound; 0 disables caching.
@@ -142,33 +156,38 @@ class ChunkCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used = 0
-        self._items: OrderedDict[tuple[int, int], memoryview] = OrderedDict()
+        self._items: OrderedDict[tuple[int, int], tuple[memoryview, bytearray]] = OrderedDict()
 
     def get(self, tenant: int, key: int) -> memoryview | None:
         """The cached chunk, marked as recently used, or ``None``."""
         item = self._items.get((tenant, key))
-        if item is not None:
-            self._items.move_to_end((tenant, key))
-        return item
+        if item is None:
+            return None
+        self._items.move_to_end((tenant, key))
+        return item[0]
+
+    def crcs(self, tenant: int, key: int) -> bytearray | None:
+        """The cached chunk's DATA CRC table (``crc_slots``), or ``None`` if it is not cached."""
+        item = self._items.get((tenant, key))
+        return None if item is None else item[1]
 
     def put(self, tenant: int, key: int, data: memoryview) -> None:
         """Caches a chunk unless it alone exceeds the bound; evicts the least recently used."""
-        if len(data) > self.max_bytes:
+        table = crc_slots(len(data))
+        if len(data) + len(table) > self.max_bytes:
             return
-        old = self._items.pop((tenant, key), None)
-        if old is not None:
-            self.used -= len(old)
-        self._items[(tenant, key)] = data
-        self.used += len(data)
+        self.invalidate(tenant, key)
+        self._items[(tenant, key)] = (data, table)
+        self.used += len(data) + len(table)
         while self.used > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self.used -= len(evicted)
+            _, (evicted, slots) = self._items.popitem(last=False)
+            self.used -= len(evicted) + len(slots)
 
     def invalidate(self, tenant: int, key: int) -> None:
-        """Forgets a chunk."""
+        """Forgets a chunk (and its CRCs)."""
         old = self._items.pop((tenant, key), None)
         if old is not None:
-            self.used -= len(old)
+            self.used -= len(old[0]) + len(old[1])
 
     def __len__(self) -> int:
         return len(self._items)
@@ -315,7 +334,10 @@ class KvpGetHandler:
         payload = (end * c.FRAG_BYTES if end < nfrags else size) - frag_idx * c.FRAG_BYTES
         stats.data_sent += datas
         stats.data_payload_bytes += payload
-        return DataAnswer(header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES)
+        return DataAnswer(
+            header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES,
+            self.cache.crcs(tenant, key),
+        )  # fmt: skip
 
     def data_replies(self, answer: DataAnswer) -> list[Reply]:
         """The DATAs of a served GET, built in Python.
@@ -330,7 +352,7 @@ class KvpGetHandler:
             ending at the range's (or the chunk's) end, the header ``answer.header`` with
             ``frag_idx``, ``payload_len`` and ``crc`` filled in.
         """
-        header, chunk, frag_idx, end, _ = answer
+        header, chunk, frag_idx, end, _, _ = answer
         (_vo, _fl, _st, _r0, tenant, group, key, req_id, _ep, _fi, nfrags, *_rest) = (
             KVP_STRUCT.unpack(header)
         )
@@ -481,9 +503,11 @@ class PoolServer:
                         if addr != last_addr:
                             to = (int.from_bytes(socket.inet_aton(addr[0]), "big"), addr[1])
                             last_addr = addr
-                        header, chunk, first, end, wire_bytes = reply
+                        header, chunk, first, end, wire_bytes, crcs = reply
                         try:
-                            sent = send_data(fd, to, header, chunk, first, end, step, c.FRAG_BYTES)
+                            sent = send_data(
+                                fd, to, header, chunk, first, end, step, c.FRAG_BYTES, crcs
+                            )
                             stats.bytes_sent += sent
                             if sent < wire_bytes:  # the send buffer stayed full: the rest dropped
                                 stats.send_errors += 1

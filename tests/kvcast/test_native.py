@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import zlib
 from array import array
 
@@ -189,6 +190,46 @@ def test_send_gets_sends_each_slot_as_one_datagram_on_a_connected_socket() -> No
         for bad in ((slot, count + 2), (0, 1), (slot, -1), (1, native.SEND_BATCH + 1)):
             with pytest.raises(ValueError, match="send_gets"):
                 native.send_gets(tx.fileno(), bytearray(400), *bad)
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+def test_send_data_keeps_each_datas_crc_in_the_table_and_reuses_it() -> None:
+    from poolnode.server import crc_slots
+
+    assert native is not None
+    chunk = os.urandom(10 * c.FRAG_BYTES - 5)
+    header = bytearray(40)
+    header[4:6], header[8:16] = (3).to_bytes(2, "big"), (0xABCD).to_bytes(8, "big")
+    table = crc_slots(len(chunk))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        to = (0x7F000001, rx.getsockname()[1])
+
+        def send(first: int, end: int, crcs: bytearray | None) -> list[bytes]:
+            native.send_data(tx.fileno(), to, bytes(header), chunk, first, end, 4, c.FRAG_BYTES,
+                             crcs)  # fmt: skip
+            return [rx.recv(4096) for _ in range(-(-(end - first) // 4))]
+
+        plain = send(0, 10, None)
+        assert send(0, 10, table) == plain  # computed and kept
+        assert any(table[0:8]) and any(table[32:40]) and any(table[64:72])  # DATAs at 0, 4, 8
+        assert send(0, 10, table) == plain  # taken from the table
+        # The table is what is sent: a DATA of the same start and length takes its CRC.
+        table[36:40] = b"\xde\xad\xbe\xef"
+        poisoned = int.from_bytes(table[36:40], sys.byteorder).to_bytes(4, "big")
+        assert send(4, 8, table)[0][36:40] == poisoned
+        # A DATA of another length at the same start is computed again (and kept).
+        short = send(4, 6, table)[0]
+        assert short == send(4, 6, None)[0]
+        with pytest.raises(ValueError, match="crcs"):
+            native.send_data(tx.fileno(), to, bytes(header), chunk, 0, 1, 4, c.FRAG_BYTES,
+                             bytearray(8))  # fmt: skip
     finally:
         rx.close()
         tx.close()

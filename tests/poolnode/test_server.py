@@ -162,7 +162,21 @@ def test_chunk_cache_evicts_least_recently_used_within_its_bound() -> None:
         cache.put(0, key, memoryview(bytes(100)))
     assert cache.get(0, 0) is None
     assert cache.get(0, 2) is not None
-    assert cache.used == 200
+    assert cache.used == 2 * (100 + 8)  # each chunk and its CRC table (8 B per fragment)
+
+
+def test_a_chunk_put_again_gets_a_fresh_crc_table() -> None:
+    cache = ChunkCache(max_bytes=1 << 20)
+    cache.put(0, 1, memoryview(bytes(1000)))  # 4 fragments
+    table = cache.crcs(0, 1)
+    assert table is not None and len(table) == 32 and not any(table)
+    table[:8] = b"\x01" * 8
+    cache.put(0, 1, memoryview(bytes(1000)))
+    again = cache.crcs(0, 1)
+    assert again is not None and not any(again)  # nothing computed from the old bytes is kept
+    assert cache.used == 1000 + 32
+    cache.invalidate(0, 1)
+    assert cache.crcs(0, 1) is None and cache.used == 0
 
 
 def test_chunk_cache_skips_chunks_larger_than_its_bound() -> None:
@@ -257,6 +271,7 @@ def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
         get_message(TENANT, KEY, 4, req_id=71, count=NFRAGS - 4, group=9),
         get_message(TENANT, KEY, NFRAGS - 1, req_id=72),
     ]
+    gets.append(get_message(TENANT, KEY, 0, req_id=73, count=NFRAGS))  # again: cached CRCs
     expected = [h + bytes(p) for g in gets for h, p in reference.handle(g)]
     with PoolServer(backend, "127.0.0.1", 0, mtu=mtu) as srv:
         for g in gets:
