@@ -160,14 +160,18 @@ class ChunkCache:
 
     def get(self, tenant: int, key: int) -> memoryview | None:
         """The cached chunk, marked as recently used, or ``None``."""
+        item = self.entry(tenant, key)
+        return None if item is None else item[0]
+
+    def entry(self, tenant: int, key: int) -> tuple[memoryview, bytearray] | None:
+        """The cached chunk and its DATA CRC table (``crc_slots``), marked as recently used."""
         item = self._items.get((tenant, key))
-        if item is None:
-            return None
-        self._items.move_to_end((tenant, key))
-        return item[0]
+        if item is not None:
+            self._items.move_to_end((tenant, key))
+        return item
 
     def crcs(self, tenant: int, key: int) -> bytearray | None:
-        """The cached chunk's DATA CRC table (``crc_slots``), or ``None`` if it is not cached."""
+        """The cached chunk's DATA CRC table, or ``None`` if it is not cached."""
         item = self._items.get((tenant, key))
         return None if item is None else item[1]
 
@@ -235,11 +239,15 @@ class KvpGetHandler:
         self.cache = ChunkCache(cache_bytes)
         self.stats = stats or ServerStats()
 
-    def _read(self, tenant: int, key: int) -> memoryview | None:
-        chunk = self.cache.get(tenant, key)
-        if chunk is not None:
+    def _read(self, tenant: int, key: int) -> tuple[memoryview, bytearray | None] | None:
+        """The chunk (None: not found) and its CRC table, None when it is not cached.
+
+        Always the pair the cache holds together, so a table never describes other bytes.
+        """
+        item = self.cache.entry(tenant, key)
+        if item is not None:
             self.stats.cache_hits += 1
-            return chunk
+            return item
         self.stats.backend_reads += 1
         size = self.backend.size(tenant, key)
         if size is None:
@@ -250,7 +258,8 @@ class KvpGetHandler:
             return None
         chunk = buf[:n]
         self.cache.put(tenant, key, chunk)
-        return chunk
+        item = self.cache.entry(tenant, key)
+        return item if item is not None and item[0] is chunk else (chunk, None)
 
     def handle(self, datagram: bytes | bytearray | memoryview) -> list[Reply]:
         """Answers one datagram.
@@ -315,12 +324,13 @@ class KvpGetHandler:
             if len(recent) > self.dedup_window:
                 recent.popitem(last=False)
         try:
-            chunk = self._read(tenant, key)
+            read = self._read(tenant, key)
         except Exception as exc:  # any backend failure is "try again later", never a crash
             log.warning("backend read of tenant %d key %#x failed: %s", tenant, key, exc)
             return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
-        if chunk is None:
+        if read is None:
             return self._nack(request, c.KVP_STATUS_NOT_FOUND)
+        chunk, crcs = read
         size = len(chunk)
         nfrags = -(-size // c.FRAG_BYTES)
         end = frag_idx + count
@@ -334,10 +344,7 @@ class KvpGetHandler:
         payload = (end * c.FRAG_BYTES if end < nfrags else size) - frag_idx * c.FRAG_BYTES
         stats.data_sent += datas
         stats.data_payload_bytes += payload
-        return DataAnswer(
-            header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES,
-            self.cache.crcs(tenant, key),
-        )  # fmt: skip
+        return DataAnswer(header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES, crcs)
 
     def data_replies(self, answer: DataAnswer) -> list[Reply]:
         """The DATAs of a served GET, built in Python.

@@ -309,3 +309,12 @@ def test_a_served_get_is_an_answer_whose_datas_are_the_handlers_replies(
     assert isinstance(nack, list) and len(nack) == 1
     hdr = KvpHeader.unpack(nack[0][0])
     assert (hdr.op, hdr.status, hdr.req_id) == (c.KVP_OP_NACK, c.KVP_STATUS_NOT_FOUND, 81)
+
+
+def test_an_answer_carries_the_crc_table_cached_with_its_chunk(backend: InMemoryBackend) -> None:
+    get = get_message(TENANT, KEY, 0, req_id=90, count=NFRAGS)
+    cached = KvpGetHandler(backend).answer(get)
+    assert isinstance(cached, DataAnswer) and cached.crcs is not None
+    assert len(cached.crcs) == 8 * NFRAGS
+    uncached = KvpGetHandler(backend, cache_bytes=0).answer(get)
+    assert isinstance(uncached, DataAnswer) and uncached.crcs is None  # computed every time
