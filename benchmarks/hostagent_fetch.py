@@ -667,9 +667,10 @@ def measure_receive(nbytes: int, frags_per_msg: int, rounds: int) -> dict[str, f
 def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
     """The pool node's send rate for one chunk vs sending the same datagrams prebuilt (ceiling).
 
-    The pool node's side: ``KvpGetHandler.handle`` of GETs for the whole chunk (256 fragments
-    each) and the server's send of the replies (``sendmmsg`` where kvcast._native is in use,
-    else one ``sendmsg`` per DATA), into a socket whose buffer holds the whole chunk. The
+    The pool node's side, as its server loop does it: ``KvpGetHandler.answer`` of GETs for the
+    whole chunk (256 fragments each), then, where kvcast._native is in use, ``send_data``
+    (headers, CRCs and ``sendmmsg`` in C), else ``data_replies`` and one ``sendmsg`` per DATA,
+    into a socket whose buffer holds the whole chunk. The
     ceiling: ``kvcast._native.send_batch`` of the same datagrams built beforehand. Alternated,
     medians.
 
@@ -681,7 +682,7 @@ def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
     """
     from kvcast.native import enabled, native
     from poolnode.backend import InMemoryBackend
-    from poolnode.server import MAX_GET_FRAGMENTS, KvpGetHandler
+    from poolnode.server import MAX_GET_FRAGMENTS, DataAnswer, KvpGetHandler
 
     if native is None:
         raise RuntimeError("kvcast._native not built: no native send ceiling to compare with")
@@ -710,11 +711,17 @@ def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
         for _ in range(rounds):
             t0 = time.perf_counter()
             for g in gets:
-                replies = handler.handle(g)
+                answer = handler.answer(g)
+                if not isinstance(answer, DataAnswer):
+                    raise RuntimeError(f"the pool node did not serve GET {g[:40]!r}: {answer}")
                 if nat is not None:
-                    nat.send_batch(tx.fileno(), (ip, to[1]), replies)
+                    header, chunk, first, end, _, crcs = answer
+                    nat.send_data(
+                        tx.fileno(), (ip, to[1]), header, chunk, first, end,
+                        handler.frags_per_data, c.FRAG_BYTES, crcs,
+                    )  # fmt: skip
                 else:
-                    for header, payload in replies:
+                    for header, payload in handler.data_replies(answer):
                         tx.sendmsg((header, payload), (), 0, to)
             pool_s.append(time.perf_counter() - t0)
             native.recv_count(rx.fileno(), rxbuf, 65536, len(prebuilt), 1000)

@@ -72,6 +72,8 @@ _LOG = logging.getLogger(__name__)
 
 _HDR = c.KVP_HDR_BYTES
 _FB = c.FRAG_BYTES
+_GET_BYTES = _HDR + _FB
+_GET_BATCH = 64  # the most GETs packed and sent together (kvcast._native.send_gets)
 _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
@@ -507,7 +509,11 @@ class FetchClient:
         # frag_idx field (the CRC seed's last two bytes, big-endian as on the wire).
         self._full_payload = self._rview[_HDR : _HDR + _FB]
         self._frag_idx_field = self._rview[_FRAG_IDX_AT : _FRAG_IDX_AT + 2]
-        self._get = bytearray(_HDR + _FB)
+        # GETs due at once are packed here and sent together (_send, _flush_gets); the
+        # one-fragment placeholder after each header stays zero.
+        self._gets = bytearray(_GET_BYTES * _GET_BATCH)
+        self._gets_view = memoryview(self._gets)
+        self._get_one = self._gets_view[:_GET_BYTES]
         self._next_req = random.getrandbits(32)
 
     def _open_sockets(self, bind: Address, rcvbuf: int) -> socket.socket:
@@ -1055,14 +1061,18 @@ class FetchClient:
             return
         frag, k, owner = st.frag, self.frags_per_get, st.owner
         n = st.n if limit is None else min(limit, st.n)
-        path = st.path
-        addr, pflags, conn = self.paths[path].addr, self.paths[path].flags, self.paths[path].sock
-        sock, get, pack_into = self._sock, self._get, KVP_STRUCT.pack_into
+        path = self.paths[st.path]
+        pflags = path.flags
+        gets, pack_into, flush = self._gets, KVP_STRUCT.pack_into, self._flush_gets
         tenant, group, key = st.tenant, st.get_group, st.key
-        tries, fast, report = st.tries, st.fast, st.report
+        tries, fast = st.tries, st.fast
         rto0, rto_max = st.rto, self.max_timeout_s
         rrto = st.rrto or rto0
         scan, next_check, rid = st.scan, st.next_check, self._next_req
+        # GETs are packed into consecutive slots of one buffer (q of them, request ids from
+        # first on), their fragments marked as requested (so the next run is found after
+        # them), and sent together: one sendmmsg where kvcast._native is in use.
+        q, first = 0, rid
         while len(inflight) < window:
             i = frag.find(_MISSING, scan, n)
             if i < 0:
@@ -1074,19 +1084,8 @@ class FetchClient:
                 r = frag.find(_REQUESTED, j, lim)
                 p = frag.find(_PRESENT, j, lim if r < 0 else r)
                 j = p if p >= 0 else r if r >= 0 else lim
-            pack_into(get, 0, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0, i, j - i,
-                      0, 0, 0, 0)  # fmt: skip
-            try:
-                if conn is not None:
-                    conn.send(get)
-                else:
-                    sock.sendto(get, addr)
-            except BlockingIOError:
-                scan = i
-                break
-            except OSError:
-                pass  # unreachable now; the timeout retries it
-            report.gets_sent += 1
+            pack_into(gets, q * _GET_BYTES, _GET_VO, pflags, 0, 0, tenant, group, key, rid, 0,
+                      i, j - i, 0, 0, 0, 0)  # fmt: skip
             if j == i + 1:
                 frag[i] = _REQUESTED
                 owner[i] = rid
@@ -1097,17 +1096,88 @@ class FetchClient:
             if t == 0:
                 due = now + rto0
             else:  # a retry: see MIN_RETRY_TIMEOUT_S
-                k = t - fast[i]  # its failures (timeouts, CRC failures, NACKs), not fast re-sends
-                due = now + (rrto if k <= 1 else min(rto0 * (1 << k), rto_max))
+                # its failures (timeouts, CRC failures, NACKs), not its fast re-sends
+                fails = t - fast[i]
+                due = now + (rrto if fails <= 1 else min(rto0 * (1 << fails), rto_max))
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
             rid = (rid + 1) & 0xFFFFFFFF
             scan = j
+            q += 1
+            if q == _GET_BATCH:
+                sent = flush(path, q)
+                st.report.gets_sent += sent
+                if sent < q:  # the send buffer is full: the rest waits
+                    scan, rid = self._take_back(st, (first + sent) & 0xFFFFFFFF, rid)
+                    q = 0
+                    break
+                q, first = 0, rid
+        if q == 1 and path.sock is not None:  # a lone GET (the steady state): one send
+            try:
+                path.sock.send(self._get_one)
+                st.report.gets_sent += 1
+            except BlockingIOError:
+                scan, rid = self._take_back(st, first, rid)
+            except OSError:  # unreachable now; the timeout retries it
+                st.report.gets_sent += 1
+        elif q:
+            sent = flush(path, q)
+            st.report.gets_sent += sent
+            if sent < q:
+                scan, rid = self._take_back(st, (first + sent) & 0xFFFFFFFF, rid)
         st.scan, st.next_check = scan, next_check
         if rid != self._next_req:
             st.rids_used = (rid - st.rid_base) & 0xFFFFFFFF
             self._next_req = rid
+
+    def _flush_gets(self, path: _Path, count: int) -> int:
+        """Sends the first ``count`` GETs packed in ``self._gets`` on ``path``.
+
+        Several at once leave with one ``sendmmsg`` (``kvcast._native.send_gets``) where the
+        extension is in use and the path has a connected socket; else (and a lone GET) with one
+        ``send``/``sendto`` each. A GET the network refuses counts as sent (its timeout retries
+        it); a full send buffer stops the sending.
+
+        Returns:
+            How many of the GETs were sent (the first ones).
+        """
+        conn = path.sock
+        if count > 1 and conn is not None and self._native is not None:
+            return int(self._native.send_gets(conn.fileno(), self._gets, _GET_BYTES, count))
+        view = self._gets_view
+        for q in range(count):
+            msg = view[q * _GET_BYTES : (q + 1) * _GET_BYTES]
+            try:
+                if conn is not None:
+                    conn.send(msg)
+                else:
+                    self._sock.sendto(msg, path.addr)
+            except BlockingIOError:
+                return q
+            except OSError:
+                pass  # unreachable now; the timeout retries it
+        return count
+
+    @staticmethod
+    def _take_back(st: _State, rid: int, end: int) -> tuple[int, int]:
+        """Takes back the packed GETs ``rid .. end - 1`` that a full send buffer refused.
+
+        Their fragments are missing again and they leave the GETs in flight; their request ids
+        are handed out again.
+
+        Returns:
+            Where the next ``_send`` resumes: (the first refused GET's first fragment, its
+            request id).
+        """
+        frag, inflight = st.frag, st.inflight
+        resume = inflight[rid][0]
+        r = rid
+        while r != end:
+            i, count, _due, _sent = inflight.pop(r)
+            frag[i : i + count] = bytes([_MISSING]) * count
+            r = (r + 1) & 0xFFFFFFFF
+        return resume, rid
 
     def _release(self, st: _State, rid: int, g: _Get, failed: bool, fast: bool = False) -> None:
         """Returns a GET's still-requested fragments to MISSING.

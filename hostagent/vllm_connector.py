@@ -30,9 +30,10 @@ Worker side (``role == WORKER``):
 
 * ``register_kv_caches`` takes vLLM 0.33's per-layer views ``[num_blocks, kv_heads, block_size,
   2 x head_dim]`` and derives the chunk layout from them.
-* ``start_load_kv`` hands the step's loads to a loader thread, which fetches each chunk with the
-  host agent's ``FetchClient`` (switch first, the pool behind it, the pool directly last; every
-  fragment CRC-checked) and copies it into every destination block of every layer.
+* ``start_load_kv`` hands the step's loads to a loader thread, which fetches the chunks with the
+  host agent's ``FetchClient.fetch_many`` (several in flight at once; switch first, the pool
+  behind it, the pool directly last; every fragment CRC-checked) and copies each into every
+  destination block of every layer.
 * ``wait_for_layer_load`` waits for a synchronous load (one chunk holds every layer, so the first
   layer waits for all); with ``load_async`` the engine goes on and ``get_finished`` reports the
   requests whose loads ended.
@@ -74,7 +75,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer, wire_key
-from hostagent.fetch import FetchClient, FetchReport
+from hostagent.fetch import ChunkRequest, FetchClient, FetchReport
 from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
 from hostagent.producer import Producer
 from hostagent.reports import HttpReporter, ReportSink
@@ -361,6 +362,7 @@ class KvcastConnector(KVConnectorBase_V1):
         self._client: FetchClient | None = None
         self._layout: KVLayout | None = None
         self._caches: list[torch.Tensor] = []
+        self._bufs: list[torch.Tensor] = []
         self._paged: PagedLayout = "bhnc"
         self._producers: dict[int, Producer] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -552,6 +554,7 @@ class KvcastConnector(KVConnectorBase_V1):
                 raise ConnectorConfigError(f"layer {name}: {kv.dtype} {tuple(kv.shape)} differs")
         self._caches = caches
         self._layout = KVLayout(len(caches), heads, content // 2, first.dtype, block)
+        self._bufs = []  # chunk buffers of the previous layout, if any
 
     @property
     def layout(self) -> KVLayout:
@@ -596,38 +599,67 @@ class KvcastConnector(KVConnectorBase_V1):
     def _load(self, loads: Sequence[ChunkLoad]) -> set[int]:
         """Fetches every chunk once and copies it into its blocks; returns the failed blocks.
 
+        The chunks go through ``FetchClient.fetch_many``, up to the client's
+        ``max_chunks_in_flight`` at once (each into its own reusable buffer), in prefix order.
         A chunk that does not end complete (every fragment present and CRC-checked) fails its
         blocks and every later block of the requests that needed it: a block's KV depends on
-        every token before it, so vLLM must recompute from the first block it lacks.
+        every token before it, so vLLM must recompute from the first block it lacks. After a
+        failure no further chunk is started in that batch; the chunks not started are
+        considered again with what failed, so a chunk only failed requests need is not
+        fetched (chunks already in flight with the failed one end, and their bytes go only to
+        the requests that did not fail).
         """
         layout = self.layout
         client = self.fetch_client()
-        buf = layout.alloc_chunk()
+        bufs = self._load_buffers(client.max_chunks_in_flight)
         failed_reqs: set[str] = set()
         failed: set[int] = set()
         reports: list[FetchReport] = []
-        for load in loads:
-            live = [(r, b) for r, b in load.targets if r not in failed_reqs]
-            failed.update(b for r, b in load.targets if r in failed_reqs)
-            if not live:
-                continue
-            try:
-                report = client.fetch_block(
-                    load.tenant, load.key, layout, buf, parent=load.parent, position=load.position
+        at = 0
+        while at < len(loads):
+            batch: list[tuple[int, ChunkLoad]] = []  # (index in loads, load)
+            while at < len(loads) and len(batch) < len(bufs):
+                load = loads[at]
+                if any(r not in failed_reqs for r, _ in load.targets):
+                    batch.append((at, load))
+                else:
+                    failed.update(b for _, b in load.targets)
+                at += 1
+            if not batch:
+                break
+            requests = [
+                ChunkRequest(
+                    load.tenant, load.key, buf, layout.chunk_bytes, load.parent, load.position
                 )
+                for (_, load), buf in zip(batch, bufs, strict=False)
+            ]
+            got: list[FetchReport | None]
+            try:
+                got = list(client.fetch_many(requests, stop_after_failure=True))
             except Exception:  # a load must end in blocks loaded or blocks to recompute
-                _LOG.exception("kvcast: fetch of chunk %#x raised", load.key)
-                report = None
-            if report is not None:
-                reports.append(report)
-            if report is None or not report.ok:
-                failed_reqs.update(r for r, _ in live)
-                failed.update(b for _, b in live)
-                continue
-            for _, block_id in live:
-                scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
+                _LOG.exception("kvcast: fetch of chunks %s raised", [hex(r.key) for r in requests])
+                got = [None] * len(batch)
+            if len(got) < len(batch):  # stopped after a failure: the rest is considered again
+                at = batch[len(got)][0]
+            for (_, load), buf, report in zip(batch, bufs, got, strict=False):
+                live = [(r, b) for r, b in load.targets if r not in failed_reqs]
+                failed.update(b for r, b in load.targets if r in failed_reqs)
+                if report is not None:
+                    reports.append(report)
+                if report is None or not report.ok:
+                    failed_reqs.update(r for r, _ in live)
+                    failed.update(b for _, b in live)
+                    continue
+                for _, block_id in live:
+                    scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
         self.last_reports = reports
         return failed
+
+    def _load_buffers(self, count: int) -> list[torch.Tensor]:
+        """``count`` chunk buffers (pinned where CUDA is), made once and reused by every load."""
+        while len(self._bufs) < count:
+            self._bufs.append(self.layout.alloc_chunk())
+        return self._bufs[:count]
 
     def _finish(self, job: _LoadJob) -> None:
         assert job.future is not None

@@ -10,7 +10,10 @@
  *                               fragments into the tensor and mark them present; report one
  *                               event per such DATA and hand every other datagram back as bytes.
  *   send_batch(fd, addr, msgs)  sendmmsg() of (header, payload) pairs to one address.
- *   recv_fetches(...)          recv_fetch for several fetches at once (a window of chunks): each
+ *   send_data(...)              a pool node's DATAs for a GET's fragment range: headers and
+ *                               CRCs built in C, sent with sendmmsg().
+ *   send_gets(fd, buf, slot, n) an agent's GETs that are due at once, one sendmmsg().
+ *   recv_fetches(...)           recv_fetch for several fetches at once (a window of chunks): each
  *                               DATA goes to the fetch whose tenant and key it names.
  *   recv_count(...)             recvmmsg() that only counts: the benchmarks' receive ceiling.
  *
@@ -351,6 +354,89 @@ static int append_slow(PyObject *slow, const uint8_t *d, size_t len) {
     return 0;
 }
 
+#define MAX_FETCHES 64
+
+/* The batch loop that recv_fetch and recv_fetches share: checks the shared buffers, receives
+ * one recvmmsg() batch and hands each DATA to the fetch (of f[0..nf)) whose tenant and key it
+ * names (take_data); everything else goes to the slow list. `who` names the caller in errors.
+ * Returns (events_written, slow_list, foreign, would_block), or NULL with an exception set. */
+static PyObject *recv_batch_into(const char *who, int fd, Py_buffer *rx, Py_ssize_t slot,
+                                 int check_src, PyObject *trusted, int kvp_port, int version_op,
+                                 int my_group, int frag_bytes, const fetch_t *f, Py_ssize_t nf,
+                                 Py_buffer *events) {
+    if (slot <= KVP_HDR || rx->len < slot * MAX_BATCH || frag_bytes <= 0 ||
+        events->len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || nf > MAX_FETCHES) {
+        PyErr_Format(PyExc_ValueError, "%s: a buffer is too small or too many fetches", who);
+        return NULL;
+    }
+    uint32_t tip[16];
+    uint16_t tport[16];
+    Py_ssize_t ntrusted = parse_trusted(trusted, tip, tport);
+    if (ntrusted < 0) {
+        return NULL;
+    }
+    PyObject *slow = PyList_New(0);
+    if (slow == NULL) {
+        return NULL;
+    }
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sockaddr_in src[MAX_BATCH];
+    batch_slots(msgs, iov, src, rx->buf, slot);
+    int would_block;
+    int got = recv_batch(fd, msgs, &would_block);
+    if (got < 0) {
+        Py_DECREF(slow);
+        return NULL;
+    }
+    long foreign = 0;
+    int nev = 0;
+    for (int m = 0; m < got; m++) {
+        const uint8_t *d = iov[m].iov_base;
+        size_t len = msgs[m].msg_len;
+        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
+            foreign++;
+            continue;
+        }
+        int fast = 0;
+        if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
+            uint64_t key = be64(d + 8);
+            int tenant = be16(d + 4);
+            for (Py_ssize_t i = 0; i < nf; i++) {
+                if (f[i].key == key && f[i].tenant == tenant) {
+                    fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
+                                     events->buf, &nev, i);
+                    break;
+                }
+            }
+        }
+        if (!fast && append_slow(slow, d, len) < 0) {
+            Py_DECREF(slow);
+            return NULL;
+        }
+    }
+    PyObject *result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
+    Py_DECREF(slow);
+    return result;
+}
+
+/* Points f at a fetch's buffers (the tensor's bytes, the fragment states, the owners, the
+ * replica counters) and checks their sizes. Returns 0, or -1 with ValueError set. */
+static int fetch_buffers(const char *who, fetch_t *f, Py_buffer *out, Py_buffer *frag,
+                         Py_buffer *owner, Py_buffer *stream) {
+    f->nfrag = frag->len;
+    f->out = out->buf;
+    f->frag = frag->buf;
+    f->owner = owner->buf;
+    f->stream = stream->buf;
+    if (out->len < f->nbytes || owner->len < f->nfrag * 8 ||
+        stream->len < (Py_ssize_t)(STREAM_FIELDS * 8)) {
+        PyErr_Format(PyExc_ValueError, "%s: a fetch's buffer is too small", who);
+        return -1;
+    }
+    return 0;
+}
+
 /*
  * recv_fetch(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, tenant, key, get_group,
  *            my_group, crc_seed, nbytes, frag_bytes, rid_base, rids_used, out, frag, owner,
@@ -385,52 +471,10 @@ static PyObject *py_recv_fetch(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    PyObject *slow = NULL;
-    f.nfrag = frag.len;
-    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || owner.len < f.nfrag * 8 ||
-        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || out.len < f.nbytes ||
-        stream.len < (Py_ssize_t)(STREAM_FIELDS * 8) || frag_bytes <= 0) {
-        PyErr_SetString(PyExc_ValueError, "recv_fetch: a buffer is too small");
-        goto done;
+    if (fetch_buffers("recv_fetch", &f, &out, &frag, &owner, &stream) == 0) {
+        result = recv_batch_into("recv_fetch", fd, &rx, slot, check_src, trusted, kvp_port,
+                                 version_op, my_group, frag_bytes, &f, 1, &events);
     }
-    f.out = out.buf;
-    f.frag = frag.buf;
-    f.owner = owner.buf;
-    f.stream = stream.buf;
-    uint32_t tip[16];
-    uint16_t tport[16];
-    Py_ssize_t ntrusted = parse_trusted(trusted, tip, tport);
-    if (ntrusted < 0 || (slow = PyList_New(0)) == NULL) {
-        goto done;
-    }
-    struct mmsghdr msgs[MAX_BATCH];
-    struct iovec iov[MAX_BATCH];
-    struct sockaddr_in src[MAX_BATCH];
-    batch_slots(msgs, iov, src, rx.buf, slot);
-    int would_block;
-    int got = recv_batch(fd, msgs, &would_block);
-    if (got < 0) {
-        goto done;
-    }
-    long foreign = 0;
-    int nev = 0;
-    for (int m = 0; m < got; m++) {
-        const uint8_t *d = iov[m].iov_base;
-        size_t len = msgs[m].msg_len;
-        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
-            foreign++;
-            continue;
-        }
-        if ((msgs[m].msg_hdr.msg_flags & MSG_TRUNC) ||
-            !take_data(&f, d, len, version_op, my_group, frag_bytes, events.buf, &nev, 0)) {
-            if (append_slow(slow, d, len) < 0) {
-                goto done;
-            }
-        }
-    }
-    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
-done:
-    Py_XDECREF(slow);
     PyBuffer_Release(&rx);
     PyBuffer_Release(&out);
     PyBuffer_Release(&frag);
@@ -439,8 +483,6 @@ done:
     PyBuffer_Release(&stream);
     return result;
 }
-
-#define MAX_FETCHES 64
 
 /*
  * recv_fetches(fd, rxbuf, slot, check_src, trusted, kvp_port, version_op, my_group, frag_bytes,
@@ -465,15 +507,12 @@ static PyObject *py_recv_fetches(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    PyObject *slow = NULL;
     Py_ssize_t nf = PyTuple_GET_SIZE(fetches);
     Py_ssize_t held = 0;
     fetch_t f[MAX_FETCHES];
     Py_buffer bufs[MAX_FETCHES][4];
-    if (slot <= KVP_HDR || rx.len < slot * MAX_BATCH || frag_bytes <= 0 ||
-        events.len < (Py_ssize_t)(MAX_BATCH * EVENT_FIELDS * 8) || nf > MAX_FETCHES) {
-        PyErr_SetString(PyExc_ValueError,
-                        "recv_fetches: a buffer is too small or too many fetches");
+    if (nf > MAX_FETCHES) {
+        PyErr_SetString(PyExc_ValueError, "recv_fetches: too many fetches");
         goto done;
     }
     for (; held < nf; held++) {
@@ -484,66 +523,17 @@ static PyObject *py_recv_fetches(PyObject *self, PyObject *args) {
                               &g->rids_used, &b[0], &b[1], &b[2], &b[3])) {
             goto done;
         }
-        g->nfrag = b[1].len;
-        g->out = b[0].buf;
-        g->frag = b[1].buf;
-        g->owner = b[2].buf;
-        g->stream = b[3].buf;
-        if (b[0].len < g->nbytes || b[2].len < g->nfrag * 8 ||
-            b[3].len < (Py_ssize_t)(STREAM_FIELDS * 8)) {
+        if (fetch_buffers("recv_fetches", g, &b[0], &b[1], &b[2], &b[3]) < 0) {
             held++;
-            PyErr_SetString(PyExc_ValueError, "recv_fetches: a fetch's buffer is too small");
             goto done;
         }
     }
-    uint32_t tip[16];
-    uint16_t tport[16];
-    Py_ssize_t ntrusted = parse_trusted(trusted, tip, tport);
-    if (ntrusted < 0 || (slow = PyList_New(0)) == NULL) {
-        goto done;
-    }
-    struct mmsghdr msgs[MAX_BATCH];
-    struct iovec iov[MAX_BATCH];
-    struct sockaddr_in src[MAX_BATCH];
-    batch_slots(msgs, iov, src, rx.buf, slot);
-    int would_block;
-    int got = recv_batch(fd, msgs, &would_block);
-    if (got < 0) {
-        goto done;
-    }
-    long foreign = 0;
-    int nev = 0;
-    for (int m = 0; m < got; m++) {
-        const uint8_t *d = iov[m].iov_base;
-        size_t len = msgs[m].msg_len;
-        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
-            foreign++;
-            continue;
-        }
-        int fast = 0;
-        if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
-            uint64_t key = be64(d + 8);
-            int tenant = be16(d + 4);
-            for (Py_ssize_t i = 0; i < nf; i++) {
-                if (f[i].key == key && f[i].tenant == tenant) {
-                    fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
-                                     events.buf, &nev, i);
-                    break;
-                }
-            }
-        }
-        if (!fast && append_slow(slow, d, len) < 0) {
-            goto done;
-        }
-    }
-    result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
+    result = recv_batch_into("recv_fetches", fd, &rx, slot, check_src, trusted, kvp_port,
+                             version_op, my_group, frag_bytes, f, nf, &events);
 done:
-    Py_XDECREF(slow);
     for (Py_ssize_t i = 0; i < held; i++) {
         for (int k = 0; k < 4; k++) {
-            if (bufs[i][k].obj != NULL) {
-                PyBuffer_Release(&bufs[i][k]);
-            }
+            PyBuffer_Release(&bufs[i][k]);
         }
     }
     PyBuffer_Release(&rx);
@@ -551,16 +541,63 @@ done:
     return result;
 }
 
-/* ------------------------------------------------------------------ send_batch */
+/* ------------------------------------------------------------------ send_batch, send_data */
 
 #define SEND_BATCH 256
 #define SEND_WAIT_MS 100
 
+/* sendmmsg() of msgs[0..k) (call without the GIL). A full send buffer is waited on for up to
+ * SEND_WAIT_MS (as the Python path's socket timeout does); a message the kernel still would
+ * not take ends the call. Adds the bytes sent to *sent; returns 0, or the errno that stopped
+ * it. */
+static int send_msgs(int fd, struct mmsghdr *msgs, Py_ssize_t k, long long *sent) {
+    Py_ssize_t done_n = 0;
+    int err = 0;
+    while (done_n < k) {
+        int r = sendmmsg(fd, msgs + done_n, (unsigned int)(k - done_n), 0);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd pfd = {fd, POLLOUT, 0};
+                if (poll(&pfd, 1, SEND_WAIT_MS) > 0) {
+                    continue;
+                }
+            }
+            err = errno ? errno : EAGAIN;
+            break;
+        }
+        done_n += r;
+    }
+    for (Py_ssize_t i = 0; i < done_n; i++) {
+        *sent += msgs[i].msg_len;
+    }
+    return err;
+}
+
+/* Fills in the destination of a send. */
+static void ipv4_to(struct sockaddr_in *to, unsigned long ip, int port) {
+    memset(to, 0, sizeof(*to));
+    to->sin_family = AF_INET;
+    to->sin_port = htons((uint16_t)port);
+    to->sin_addr.s_addr = htonl((uint32_t)ip);
+}
+
+/* The result of a send: the bytes sent, or OSError when an error stopped it before any. */
+static PyObject *send_result(long long sent, int err) {
+    if (err && sent == 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLongLong(sent);
+}
+
 /*
  * send_batch(fd, (ipv4 host-order int, port), [(header, payload), ...]) -> bytes sent
- * One sendmmsg() per 256 messages. A full send buffer is waited on for up to SEND_WAIT_MS (as
- * the Python path's socket timeout does); a message the kernel still would not take ends the
- * call: the bytes sent so far are returned (OSError when nothing was sent).
+ * One sendmmsg() per 256 messages (send_msgs: a full send buffer is waited on for up to
+ * SEND_WAIT_MS); a message the kernel still would not take ends the call: the bytes sent so
+ * far are returned (OSError when nothing was sent).
  */
 static PyObject *py_send_batch(PyObject *self, PyObject *args) {
     int fd, port;
@@ -575,15 +612,13 @@ static PyObject *py_send_batch(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     struct sockaddr_in to;
-    memset(&to, 0, sizeof(to));
-    to.sin_family = AF_INET;
-    to.sin_port = htons((uint16_t)port);
-    to.sin_addr.s_addr = htonl((uint32_t)ip);
+    ipv4_to(&to, ip, port);
     long long sent = 0;
+    int err = 0;
     Py_buffer bufs[SEND_BATCH][2];
     struct mmsghdr msgs[SEND_BATCH];
     struct iovec iov[SEND_BATCH][2];
-    for (Py_ssize_t start = 0; start < n; start += SEND_BATCH) {
+    for (Py_ssize_t start = 0; start < n && !err; start += SEND_BATCH) {
         Py_ssize_t k = n - start < SEND_BATCH ? n - start : SEND_BATCH;
         Py_ssize_t held = 0;
         int bad = 0;
@@ -616,33 +651,10 @@ static PyObject *py_send_batch(PyObject *self, PyObject *args) {
             msgs[held].msg_hdr.msg_iov = iov[held];
             msgs[held].msg_hdr.msg_iovlen = 2;
         }
-        int done_n = 0;
-        int err = 0;
         if (!bad) {
             Py_BEGIN_ALLOW_THREADS
-            while (done_n < k) {
-                int r = sendmmsg(fd, msgs + done_n, (unsigned int)(k - done_n), 0);
-                if (r < 0) {
-                    if (errno == EINTR) {
-                        continue;
-                    }
-                    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                        /* A full send buffer: wait for room as Python's socket timeout
-                         * would (SEND_WAIT_MS), then give up on the rest. */
-                        struct pollfd pfd = {fd, POLLOUT, 0};
-                        if (poll(&pfd, 1, SEND_WAIT_MS) > 0) {
-                            continue;
-                        }
-                    }
-                    err = errno ? errno : EAGAIN;
-                    break;
-                }
-                done_n += r;
-            }
+            err = send_msgs(fd, msgs, k, &sent);
             Py_END_ALLOW_THREADS
-            for (int i = 0; i < done_n; i++) {
-                sent += msgs[i].msg_len;
-            }
         }
         for (Py_ssize_t i = 0; i < held; i++) {
             PyBuffer_Release(&bufs[i][0]);
@@ -652,17 +664,191 @@ static PyObject *py_send_batch(PyObject *self, PyObject *args) {
             Py_DECREF(fast);
             return NULL;
         }
-        if (err) {
-            if (sent == 0) {
-                errno = err;
-                Py_DECREF(fast);
-                return PyErr_SetFromErrno(PyExc_OSError);
-            }
-            break;
-        }
     }
     Py_DECREF(fast);
-    return PyLong_FromLongLong(sent);
+    return send_result(sent, err);
+}
+
+static inline void put16(uint8_t *p, unsigned v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+    put16(p, v >> 16);
+    put16(p + 2, v & 0xFFFF);
+}
+
+/*
+ * send_data(fd, (ipv4 host-order int, port), header, chunk, first, end, frags_per_data,
+ *           frag_bytes, crcs=None) -> bytes sent
+ *
+ * A pool node's answer to GET(first .. end-1) in C: fragments [first, end) of `chunk`, at most
+ * frags_per_data per DATA, each DATA the 40-byte `header` (the caller packs everything that is
+ * the same for the whole answer: version and op, flags, status, tenant, group, key, request id,
+ * frag_count) with frag_idx (offset 24), payload_len (28) and crc (36) filled in per DATA: the
+ * CRC-32 of the payload seeded with tenant | key | frag_idx, as kvcast.wire.fragment_crc. The
+ * bytes on the wire are exactly the Python path's (KvpGetHandler.data_replies); a test compares
+ * them. Sent with one sendmmsg() per 256 DATAs, as send_batch. ValueError for a range outside
+ * the chunk or past fragment 65535 (frag_idx is 16 bits on the wire).
+ *
+ * crcs: None, or a writable buffer of 8 bytes per fragment of the chunk that keeps, per
+ * fragment i, the CRC of the last DATA sent starting at i and that DATA's payload_len + 1
+ * (0: none yet), two native-endian uint32 (crc_slots in poolnode.server). A DATA with the same
+ * start and length takes its CRC from there instead of computing it: a pool node that serves
+ * the same ranges of a chunk to many hosts computes each CRC once. The caller keeps the buffer
+ * with the chunk's bytes it was filled from (poolnode.server.ChunkCache).
+ */
+static PyObject *py_send_data(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd, port, frags_per_data, frag_bytes;
+    unsigned long ip;
+    long first, end;
+    Py_buffer hdr, chunk, table;
+    PyObject *crcs = Py_None;
+    if (!PyArg_ParseTuple(args, "i(ki)y*y*llii|O", &fd, &ip, &port, &hdr, &chunk, &first, &end,
+                          &frags_per_data, &frag_bytes, &crcs)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    table.obj = NULL;
+    long nfrag = frag_bytes > 0 ? (long)((chunk.len + frag_bytes - 1) / frag_bytes) : 0;
+    if (crcs != Py_None) {
+        if (PyObject_GetBuffer(crcs, &table, PyBUF_WRITABLE) < 0) {
+            goto done;
+        }
+        if (table.len < nfrag * 8) {
+            PyErr_SetString(PyExc_ValueError, "send_data: crcs holds fewer than 8 bytes a fragment");
+            goto done;
+        }
+    }
+    uint8_t *slots = table.obj != NULL ? table.buf : NULL;
+    if (hdr.len != KVP_HDR || frag_bytes <= 0 || frags_per_data <= 0 ||
+        (long)frags_per_data * frag_bytes > 0xFFFF || first < 0 || first >= end ||
+        end > nfrag || end > 0x10000) {
+        PyErr_SetString(PyExc_ValueError,
+                        "send_data: the header is not 40 bytes or the range is outside the chunk "
+                        "(or beyond a 16-bit fragment index)");
+        goto done;
+    }
+    const uint8_t *h = hdr.buf;
+    const uint8_t *data = chunk.buf;
+    size_t size = (size_t)chunk.len;
+    uint8_t ident[10]; /* tenant (16) | key (64): the chunk's part of every CRC seed */
+    memcpy(ident, h + 4, 2);
+    memcpy(ident + 2, h + 8, 8);
+    struct sockaddr_in to;
+    ipv4_to(&to, ip, port);
+    long long sent = 0;
+    int err = 0;
+    uint8_t headers[SEND_BATCH][KVP_HDR];
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH][2];
+    Py_BEGIN_ALLOW_THREADS
+    uint32_t seed = crc32_update(0, ident, sizeof(ident));
+    long at = first;
+    while (at < end && !err) {
+        Py_ssize_t k = 0;
+        for (; k < SEND_BATCH && at < end; k++) {
+            long last = at + frags_per_data < end ? at + frags_per_data : end;
+            size_t lo = (size_t)at * (size_t)frag_bytes;
+            size_t hi = (size_t)last * (size_t)frag_bytes;
+            if (hi > size) {
+                hi = size;
+            }
+            uint8_t *o = headers[k];
+            memcpy(o, h, KVP_HDR);
+            put16(o + 24, (unsigned)at);
+            put16(o + 28, (unsigned)(hi - lo));
+            uint32_t crc, tag = (uint32_t)(hi - lo) + 1, held = 0;
+            uint8_t *slot = slots != NULL ? slots + (size_t)at * 8 : NULL;
+            if (slot != NULL) {
+                memcpy(&held, slot, 4);
+            }
+            if (slot != NULL && held == tag) {
+                memcpy(&crc, slot + 4, 4);
+            } else {
+                crc = crc32_update(crc32_update(seed, o + 24, 2), data + lo, hi - lo);
+                if (slot != NULL) {
+                    memcpy(slot, &tag, 4);
+                    memcpy(slot + 4, &crc, 4);
+                }
+            }
+            put32(o + 36, crc);
+            iov[k][0].iov_base = o;
+            iov[k][0].iov_len = KVP_HDR;
+            iov[k][1].iov_base = (void *)(data + lo);
+            iov[k][1].iov_len = hi - lo;
+            memset(&msgs[k].msg_hdr, 0, sizeof(msgs[k].msg_hdr));
+            msgs[k].msg_hdr.msg_name = &to;
+            msgs[k].msg_hdr.msg_namelen = sizeof(to);
+            msgs[k].msg_hdr.msg_iov = iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 2;
+            at = last;
+        }
+        err = send_msgs(fd, msgs, k, &sent);
+    }
+    Py_END_ALLOW_THREADS
+    result = send_result(sent, err);
+done:
+    if (table.obj != NULL) {
+        PyBuffer_Release(&table);
+    }
+    PyBuffer_Release(&hdr);
+    PyBuffer_Release(&chunk);
+    return result;
+}
+
+/*
+ * send_gets(fd, buf, slot, count) -> messages handled
+ *
+ * An agent's GETs that are due at once, in one sendmmsg() on a connected socket (fd): message
+ * q is bytes [q*slot, (q+1)*slot) of buf, at most SEND_BATCH of them. Never waits: a full send
+ * buffer (EAGAIN) stops the call, and the result says how many messages went out before it,
+ * so the caller asks for the rest again later. A message the kernel refuses with another error
+ * (an ICMP error of an earlier GET reported on this one) counts as handled, as the Python path
+ * does: its timeout retries it.
+ */
+static PyObject *py_send_gets(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_ssize_t slot, count;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "iy*nn", &fd, &buf, &slot, &count)) {
+        return NULL;
+    }
+    if (slot <= 0 || count < 0 || count > SEND_BATCH || count * slot > buf.len) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "send_gets: count or slot outside the buffer");
+        return NULL;
+    }
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH];
+    for (Py_ssize_t q = 0; q < count; q++) {
+        iov[q].iov_base = (uint8_t *)buf.buf + q * slot;
+        iov[q].iov_len = (size_t)slot;
+        memset(&msgs[q].msg_hdr, 0, sizeof(msgs[q].msg_hdr));
+        msgs[q].msg_hdr.msg_iov = &iov[q];
+        msgs[q].msg_hdr.msg_iovlen = 1;
+    }
+    Py_ssize_t done_n = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done_n < count) {
+        int r = sendmmsg(fd, msgs + done_n, (unsigned int)(count - done_n), MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            done_n++; /* refused by the network, not by a full buffer: its timeout retries it */
+            continue;
+        }
+        done_n += r;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(done_n);
 }
 
 /* ------------------------------------------------------------------ recv_count */
@@ -760,6 +946,13 @@ static PyMethodDef methods[] = {
      "recv_count(fd, rxbuf, slot, count, timeout_ms): receive count datagrams, touch nothing."},
     {"send_batch", py_send_batch, METH_VARARGS,
      "send_batch(fd, (ip, port), [(header, payload), ...]): sendmmsg, returns bytes sent."},
+    {"send_gets", py_send_gets, METH_VARARGS,
+     "send_gets(fd, buf, slot, count): count slot-byte messages of buf in one sendmmsg on a "
+     "connected socket, never waiting; returns how many were handled."},
+    {"send_data", py_send_data, METH_VARARGS,
+     "send_data(fd, (ip, port), header, chunk, first, end, frags_per_data, frag_bytes, "
+     "crcs=None): a pool node's DATAs for fragments [first, end), headers and CRCs built here "
+     "(kept in crcs when given); bytes sent."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -783,6 +976,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "SEND_BATCH", SEND_BATCH) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_FETCHES", MAX_FETCHES) < 0) {

@@ -18,6 +18,7 @@ Classes:
     ChunkCache: a byte-bounded LRU of recently served chunks, so a burst of GETs for one chunk
         reads the backend once.
     KvpGetHandler: the protocol logic, transport-free: one datagram in, the replies out.
+    DataAnswer: a served GET before its DATAs are built (what the native send takes).
     PoolServer: a UDP socket loop in a thread (``start``/``stop``) or in the caller
         (``serve_forever``).
     AsyncPoolServerProtocol: the same handler as an asyncio ``DatagramProtocol``.
@@ -32,7 +33,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from kvcast import p4constants as c
 from kvcast.native import enabled as native_enabled
@@ -53,6 +54,30 @@ _EMPTY = memoryview(b"")
 
 Reply = tuple[bytes, memoryview]
 """One datagram to send: the KVP header and the payload (empty for a NACK)."""
+
+
+class DataAnswer(NamedTuple):
+    """A GET the pool node serves, before its DATAs are built.
+
+    Attributes:
+        header: the 40-byte DATA header shared by every DATA of the answer (flag ``POOL``, the
+            GET's tenant, group, key and request id, the chunk's ``frag_count``), with
+            ``frag_idx``, ``payload_len`` and ``crc`` zero: each DATA fills them in.
+        chunk: the chunk's bytes.
+        first: the first fragment asked for.
+        end: one past the last fragment asked for (within the chunk).
+        wire_bytes: the UDP payload bytes of all its DATAs (headers included): what a send
+            that dropped nothing reports.
+        crcs: the chunk's DATA CRC table from the chunk cache (``crc_slots``), or None when
+            the chunk is not cached.
+    """
+
+    header: bytes
+    chunk: memoryview
+    first: int
+    end: int
+    wire_bytes: int
+    crcs: bytearray | None = None
 
 
 def frags_per_data(mtu: int) -> int:
@@ -109,11 +134,22 @@ class ServerStats:
         return asdict(self)
 
 
+def crc_slots(nbytes: int) -> bytearray:
+    """An empty table of DATA CRCs for a chunk of ``nbytes`` (``kvcast._native.send_data``).
+
+    8 bytes per fragment: the CRC of the last DATA sent that starts at that fragment and its
+    ``payload_len + 1`` (0: none yet), as two native-endian uint32.
+    """
+    return bytearray(8 * -(-nbytes // c.FRAG_BYTES))
+
+
 class ChunkCache:
     """Recently served chunks, least recently used evicted first, bounded in bytes.
 
     Keys are content hashes, so a cached chunk never goes stale; a deleted one may be served
-    until it is evicted or invalidated.
+    until it is evicted or invalidated. With each chunk the cache keeps a table of the CRCs of
+    the DATAs sent from it (``crc_slots``, 1/32 of the chunk's size, counted in the bound): it
+    lives and dies with the chunk's bytes it was computed from.
 
     Args:
         max_bytes: total size bound; 0 disables caching.
@@ -122,33 +158,42 @@ class ChunkCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used = 0
-        self._items: OrderedDict[tuple[int, int], memoryview] = OrderedDict()
+        self._items: OrderedDict[tuple[int, int], tuple[memoryview, bytearray]] = OrderedDict()
 
     def get(self, tenant: int, key: int) -> memoryview | None:
         """The cached chunk, marked as recently used, or ``None``."""
+        item = self.entry(tenant, key)
+        return None if item is None else item[0]
+
+    def entry(self, tenant: int, key: int) -> tuple[memoryview, bytearray] | None:
+        """The cached chunk and its DATA CRC table (``crc_slots``), marked as recently used."""
         item = self._items.get((tenant, key))
         if item is not None:
             self._items.move_to_end((tenant, key))
         return item
 
+    def crcs(self, tenant: int, key: int) -> bytearray | None:
+        """The cached chunk's DATA CRC table, or ``None`` if it is not cached."""
+        item = self._items.get((tenant, key))
+        return None if item is None else item[1]
+
     def put(self, tenant: int, key: int, data: memoryview) -> None:
         """Caches a chunk unless it alone exceeds the bound; evicts the least recently used."""
-        if len(data) > self.max_bytes:
+        table = crc_slots(len(data))
+        if len(data) + len(table) > self.max_bytes:
             return
-        old = self._items.pop((tenant, key), None)
-        if old is not None:
-            self.used -= len(old)
-        self._items[(tenant, key)] = data
-        self.used += len(data)
+        self.invalidate(tenant, key)
+        self._items[(tenant, key)] = (data, table)
+        self.used += len(data) + len(table)
         while self.used > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self.used -= len(evicted)
+            _, (evicted, slots) = self._items.popitem(last=False)
+            self.used -= len(evicted) + len(slots)
 
     def invalidate(self, tenant: int, key: int) -> None:
-        """Forgets a chunk."""
+        """Forgets a chunk (and its CRCs)."""
         old = self._items.pop((tenant, key), None)
         if old is not None:
-            self.used -= len(old)
+            self.used -= len(old[0]) + len(old[1])
 
     def __len__(self) -> int:
         return len(self._items)
@@ -199,11 +244,15 @@ class KvpGetHandler:
         """Set while the store is being refilled (its master restarted): a chunk not found is
         answered UNAVAILABLE, so the requester retries later instead of giving it up."""
 
-    def _read(self, tenant: int, key: int) -> memoryview | None:
-        chunk = self.cache.get(tenant, key)
-        if chunk is not None:
+    def _read(self, tenant: int, key: int) -> tuple[memoryview, bytearray | None] | None:
+        """The chunk (None: not found) and its CRC table, None when it is not cached.
+
+        Always the pair the cache holds together, so a table never describes other bytes.
+        """
+        item = self.cache.entry(tenant, key)
+        if item is not None:
             self.stats.cache_hits += 1
-            return chunk
+            return item
         self.stats.backend_reads += 1
         size = self.backend.size(tenant, key)
         if size is None:
@@ -214,7 +263,8 @@ class KvpGetHandler:
             return None
         chunk = buf[:n]
         self.cache.put(tenant, key, chunk)
-        return chunk
+        item = self.cache.entry(tenant, key)
+        return item if item is not None and item[0] is chunk else (chunk, None)
 
     def handle(self, datagram: bytes | bytearray | memoryview) -> list[Reply]:
         """Answers one datagram.
@@ -224,6 +274,25 @@ class KvpGetHandler:
 
         Returns:
             The datagrams to send back to the sender, in order (none for a dropped datagram).
+        """
+        answer = self.answer(datagram)
+        if type(answer) is DataAnswer:
+            return self.data_replies(answer)
+        return cast(list[Reply], answer)
+
+    def answer(self, datagram: bytes | bytearray | memoryview) -> list[Reply] | DataAnswer:
+        """Decides the answer to one datagram without building its DATAs.
+
+        Every check and counter of ``handle`` happens here; a GET that is served comes back as
+        a ``DataAnswer`` (its DATAs are counted in ``stats`` already), which ``data_replies``
+        turns into datagrams, or which ``kvcast._native.send_data`` sends directly.
+
+        Args:
+            datagram: the UDP payload received.
+
+        Returns:
+            The datagrams to send (a NACK, or none for a dropped datagram), or the range to
+            serve.
         """
         stats = self.stats
         stats.datagrams += 1
@@ -241,9 +310,7 @@ class KvpGetHandler:
             stats.unexpected_op += 1
             return []
         stats.gets += 1
-        request = KvpHeader(
-            op, flags, 0, tenant, group, key, req_id, frag_idx=frag_idx, frag_count=count
-        )
+        request = (op, flags, tenant, group, key, req_id, frag_idx, count)
         if len(datagram) != _GET_BYTES:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if count > self.max_get_fragments:
@@ -254,33 +321,63 @@ class KvpGetHandler:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if self.dedup_window:
             ident = (tenant, key, group, req_id, frag_idx, count)
-            if ident in self._recent:
+            recent = self._recent
+            if ident in recent:
                 stats.duplicate_gets += 1
                 return []
-            self._recent[ident] = None
-            if len(self._recent) > self.dedup_window:
-                self._recent.popitem(last=False)
+            recent[ident] = None
+            if len(recent) > self.dedup_window:
+                recent.popitem(last=False)
         try:
-            chunk = self._read(tenant, key)
+            read = self._read(tenant, key)
         except Exception as exc:  # any backend failure is "try again later", never a crash
             log.warning("backend read of tenant %d key %#x failed: %s", tenant, key, exc)
             return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
-        if chunk is None:
+        if read is None:
             if self.recovering:
                 return self._nack(request, c.KVP_STATUS_UNAVAILABLE)
             return self._nack(request, c.KVP_STATUS_NOT_FOUND)
+        chunk, crcs = read
         size = len(chunk)
         nfrags = -(-size // c.FRAG_BYTES)
         end = frag_idx + count
         if count == 0 or end > nfrags:
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        header = KVP_STRUCT.pack(
+            _DATA_VO, c.KVP_FLAG_POOL, c.KVP_STATUS_OK, 0, tenant, group, key, req_id, 0, 0,
+            nfrags, 0, 0, 0, 0,
+        )  # fmt: skip
+        datas = -(-count // self.frags_per_data)
+        payload = (end * c.FRAG_BYTES if end < nfrags else size) - frag_idx * c.FRAG_BYTES
+        stats.data_sent += datas
+        stats.data_payload_bytes += payload
+        return DataAnswer(header, chunk, frag_idx, end, payload + datas * c.KVP_HDR_BYTES, crcs)
+
+    def data_replies(self, answer: DataAnswer) -> list[Reply]:
+        """The DATAs of a served GET, built in Python.
+
+        ``kvcast._native.send_data`` builds the same bytes in C.
+
+        Args:
+            answer: what ``answer`` decided.
+
+        Returns:
+            One (header, payload) per DATA: ``frags_per_data`` fragments each, the last one
+            ending at the range's (or the chunk's) end, the header ``answer.header`` with
+            ``frag_idx``, ``payload_len`` and ``crc`` filled in.
+        """
+        header, chunk, frag_idx, end, _, _ = answer
+        (_vo, _fl, _st, _r0, tenant, group, key, req_id, _ep, _fi, nfrags, *_rest) = (
+            KVP_STRUCT.unpack(header)
+        )
+        size = len(chunk)
         replies: list[Reply] = []
         step = self.frags_per_data
         for first in range(frag_idx, end, step):
             lo = first * c.FRAG_BYTES
             hi = min(min(first + step, end) * c.FRAG_BYTES, size)
             payload = chunk[lo:hi]
-            header = KVP_STRUCT.pack(
+            data_header = KVP_STRUCT.pack(
                 _DATA_VO,
                 c.KVP_FLAG_POOL,
                 c.KVP_STATUS_OK,
@@ -297,29 +394,30 @@ class KvpGetHandler:
                 0,
                 fragment_crc(tenant, key, first, payload),
             )
-            replies.append((header, payload))
-        stats.data_sent += len(replies)
-        stats.data_payload_bytes += (end * c.FRAG_BYTES if end < nfrags else size) - (
-            frag_idx * c.FRAG_BYTES
-        )
+            replies.append((data_header, payload))
         return replies
 
-    def _nack(self, request: KvpHeader, status: int) -> list[Reply]:
+    def _nack(self, request: tuple[int, ...], status: int) -> list[Reply]:
         if status == c.KVP_STATUS_NOT_FOUND:
             self.stats.nack_not_found += 1
         elif status == c.KVP_STATUS_BAD_REQUEST:
             self.stats.nack_bad_request += 1
         else:
             self.stats.nack_unavailable += 1
-        return [(nack_message(request, status), _EMPTY)]
+        op, flags, tenant, group, key, req_id, frag_idx, count = request
+        header = KvpHeader(
+            op, flags, 0, tenant, group, key, req_id, frag_idx=frag_idx, frag_count=count
+        )
+        return [(nack_message(header, status), _EMPTY)]
 
 
 class PoolServer:
     """A pool node's UDP server: a blocking socket loop that answers KVP GETs.
 
     ``start()`` runs the loop in a daemon thread (tests, embedding); ``serve_forever()`` runs it
-    in the calling thread (the ``python -m poolnode`` daemon). Replies are sent with one
-    ``sendmsg`` of header and payload view, so a fragment is not copied in Python.
+    in the calling thread (the ``python -m poolnode`` daemon). A fragment is never copied in
+    Python: the native path sends from the chunk's buffer, the Python path with one ``sendmsg``
+    of header and payload view.
 
     Args:
         backend: where chunks are read from.
@@ -386,17 +484,22 @@ class PoolServer:
     def serve_forever(self) -> None:
         """Answers datagrams in the calling thread until ``stop()``.
 
-        Where kvcast._native is built, the replies to one GET leave in one ``sendmmsg``
-        (``send_batch``); else one ``sendmsg`` each.
+        Where kvcast._native is in use, a served GET's DATAs are built (headers, CRCs) and
+        sent in C with ``sendmmsg`` (``send_data``); else ``KvpGetHandler.data_replies`` builds
+        them and each leaves with one ``sendmsg``.
         """
         sock = self.bind()
-        handle = self.handler.handle
+        answer = self.handler.answer
+        data_replies = self.handler.data_replies
+        step = self.handler.frags_per_data
         stats = self.stats
         nat = native_enabled()
-        send_batch = nat.send_batch if nat is not None else None
+        send_data = nat.send_data if nat is not None else None
         fd = sock.fileno()
         buf = bytearray(65536)
         view = memoryview(buf)
+        last_addr: Any = None
+        to = (0, 0)
         while not self._stop.is_set():
             try:
                 n, addr = sock.recvfrom_into(buf)
@@ -408,18 +511,30 @@ class PoolServer:
                 log.warning("recvfrom failed: %s", exc)
                 continue
             try:
-                replies = handle(view[:n])
+                reply = answer(view[:n])
+                if type(reply) is DataAnswer:
+                    if send_data is not None:
+                        if addr != last_addr:
+                            to = (int.from_bytes(socket.inet_aton(addr[0]), "big"), addr[1])
+                            last_addr = addr
+                        header, chunk, first, end, wire_bytes, crcs = reply
+                        try:
+                            sent = send_data(
+                                fd, to, header, chunk, first, end, step, c.FRAG_BYTES, crcs
+                            )
+                            stats.bytes_sent += sent
+                            if sent < wire_bytes:  # the send buffer stayed full: the rest dropped
+                                stats.send_errors += 1
+                        except OSError as exc:
+                            stats.send_errors += 1
+                            log.debug("sendmmsg to %s failed: %s", addr, exc)
+                        continue
+                    replies = data_replies(reply)
+                else:
+                    replies = cast(list[Reply], reply)
             except Exception:  # a bug must not take the pool node down
                 stats.internal_errors += 1
                 log.exception("handler failed on a %d-byte datagram from %s", n, addr)
-                continue
-            if send_batch is not None and len(replies) > 1:
-                try:
-                    ip = int.from_bytes(socket.inet_aton(addr[0]), "big")
-                    stats.bytes_sent += send_batch(fd, (ip, addr[1]), replies)
-                except OSError as exc:
-                    stats.send_errors += 1
-                    log.debug("sendmmsg to %s failed: %s", addr, exc)
                 continue
             for header, payload in replies:
                 try:

@@ -229,6 +229,26 @@ def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up
     assert (report.fast_retransmits, report.retries, report.timeouts) == (3, 3, 0)
 
 
+def test_gets_after_a_retry_keep_asking_for_frags_per_get_fragments(
+    backend: InMemoryBackend,
+) -> None:
+    # Fragment 0 is lost once; its re-send goes out in the same pass as first GETs for later
+    # fragments, which must still ask for frags_per_get fragments each (a retry's failure count
+    # once overwrote the run length there, and every later GET of the pass asked for one).
+    k = 4
+    with (
+        FakeServer(Dropping(backend, set(), times={0: 1})) as srv,
+        FetchClient(
+            srv.address, None, window=2, frags_per_get=k, tail_probe_min_s=0.2, **LONG_FIRST
+        ) as client,
+    ):
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+    assert report.ok and as_bytes(out) == CHUNK
+    assert report.retries == 1
+    assert report.gets_sent == -(-NFRAGS // k) + report.retries
+
+
 def test_a_lost_probe_at_the_tail_waits_the_measured_timeout_not_the_first(
     backend: InMemoryBackend,
 ) -> None:

@@ -235,3 +235,63 @@ def test_request_ids_are_not_reused_across_many_fetches(pool_server: PoolServer)
         reports = [r for _ in range(150) for r in client.fetch_many(requests(KEYS[:2]))]
     assert all(r.ok for r in reports)
     assert sum(r.retries for r in reports) == 0
+
+
+class _FullSendBuffer:
+    """A path's connected socket whose send buffer refuses every third GET (EAGAIN).
+
+    On the native path it also stands in for ``kvcast._native.send_gets`` (``client._native``
+    is swapped for this object, every other function passing through): each batch is cut at
+    the next refusal, and the batch sizes are kept.
+    """
+
+    def __init__(self, sock: Any, native: Any) -> None:
+        self.sock, self.native = sock, native
+        self.calls = 0
+        self.refused = 0
+        self.batches: list[int] = []
+
+    def fileno(self) -> int:
+        return int(self.sock.fileno())
+
+    def send(self, msg: Any) -> int:
+        self.calls += 1
+        if self.calls % 3 == 0:
+            self.refused += 1
+            raise BlockingIOError
+        return int(self.sock.send(msg))
+
+    def send_gets(self, fd: int, buf: Any, slot: int, count: int) -> int:
+        self.batches.append(count)
+        self.calls += 1
+        if self.calls % 3 == 0:
+            self.refused += 1
+            return 0
+        take = min(count, 2)
+        return int(self.native.send_gets(fd, buf, slot, take))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.native, name)
+
+
+def test_gets_a_full_send_buffer_refused_are_taken_back_and_sent_later(
+    pool_server: PoolServer,
+) -> None:
+    reqs = requests(KEYS[:4])
+    with FetchClient(pool_server.address, window=8, frags_per_get=1, **STEADY) as client:
+        path = client.paths[0]
+        assert path.sock is not None
+        full = _FullSendBuffer(path.sock, client._native)
+        path.sock = full  # type: ignore[assignment]
+        if client._native is not None:
+            client._native = full  # type: ignore[assignment]
+        reports = client.fetch_many(reqs, max_chunks_in_flight=4)
+    for req, report in zip(reqs, reports, strict=True):
+        assert report.ok and got(req) == CHUNKS[req.key]
+        # A refused GET was never left in flight to time out and be retried.
+        assert report.retries == report.timeouts == 0
+    assert full.refused > 0
+    # Every GET counted as sent reached the pool node, and only those.
+    assert sum(r.gets_sent for r in reports) == pool_server.stats.gets
+    if client._native is not None:
+        assert max(full.batches) > 1  # several GETs due at once went out together

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +113,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+FETCH: dict[str, Any] = {"timeout_s": 0.05, "max_timeout_s": 0.1, "max_retries": 2}
+FETCH["deadline_s"] = 5.0
+
+
 class Engine:
     """A vLLM scheduler with the connector loaded from its module path, and a worker side."""
 
@@ -122,12 +127,7 @@ class Engine:
             "tenant": TENANT,
             "tenants": {"tenant-b": SALTED_TENANT},
             "host": "engine",
-            "fetch": {
-                "timeout_s": 0.05,
-                "max_timeout_s": 0.1,
-                "max_retries": 2,
-                "deadline_s": 5.0,
-            },
+            "fetch": FETCH,
             **extra,
         }
         self.config = VllmConfig(
@@ -438,15 +438,17 @@ class CorruptFragment:
         return out
 
 
+@pytest.mark.parametrize("in_flight", [1, 4])
 def test_a_corrupted_fragment_makes_its_block_and_the_later_ones_recompute(
-    model_dir: Path, switch: RefSwitchBridge
+    model_dir: Path, switch: RefSwitchBridge, in_flight: int
 ) -> None:
     producer, _ = produce(model_dir, switch, PROMPT)
     keys = hashes(PROMPT)
     responder = CorruptFragment(CURRENT["backend"], keys[1], frag=1)
     with FakeServer(responder) as bad_pool:
         host, port = bad_pool.address
-        consumer = Engine(model_dir, {"pool": f"{host}:{port}", "host": "consumer"})
+        fetch = {**FETCH, "max_chunks_in_flight": in_flight}
+        consumer = Engine(model_dir, {"pool": f"{host}:{port}", "host": "consumer", "fetch": fetch})
         request = consumer.add("c", PROMPT)
         out = consumer.scheduler.schedule()
         blocks = consumer.blocks("c")
@@ -455,7 +457,12 @@ def test_a_corrupted_fragment_makes_its_block_and_the_later_ones_recompute(
     assert responder.corrupted >= 1
     assert errors == set(blocks[1:4])  # block 1 failed its CRC; 2 and 3 depend on it
     reports = consumer.worker.last_reports
-    assert [r.ok for r in reports] == [True, False] and reports[1].crc_failures >= 1
+    assert [r.ok for r in reports[:2]] == [True, False] and reports[1].crc_failures >= 1
+    if in_flight == 1:
+        assert len(reports) == 2  # blocks 2 and 3 only the failed request needed: not fetched
+    else:
+        # Blocks 2 and 3 were in flight with block 1 (fetched, but not loaded: see errors).
+        assert [r.key for r in reports] == keys
     assert consumer.block_bytes(blocks[0]) == producer.block_bytes(producer.blocks("p")[0])
     # vLLM, told so, drops the step's output and recomputes from block 1 (token 16) on.
     result = ModelRunnerOutput(
@@ -533,3 +540,85 @@ def test_the_agents_keyer_names_blocks_as_vllms_hasher_does() -> None:
     # Before 0.33 the salt was hashed bare: those keys name other chunks.
     bare = ChunkKeyer(BS, seed, cache_salt="tenant-b")
     assert bare.wire_keys(PROMPT)[0] != hashes(PROMPT, salt="tenant-b")[0]
+
+
+class Gate:
+    """The pool node, but it answers nothing until GETs for ``need`` different chunks have come.
+
+    A loader that waits for one chunk before it asks for the next never gets an answer.
+    """
+
+    def __init__(self, backend: InMemoryBackend, need: int) -> None:
+        self.inner = pool(backend)
+        self.need = need
+        self.keys: set[int] = set()
+        self.held: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        with self.lock:
+            if len(self.keys) >= self.need:
+                return self.inner(datagram)
+            self.keys.add(KvpHeader.unpack(datagram).key)
+            self.held.append(datagram)
+            if len(self.keys) < self.need:
+                return []
+            held, self.held = self.held, []
+        return [reply for d in held for reply in self.inner(d)]
+
+
+def test_a_steps_chunks_are_fetched_together(model_dir: Path, switch: RefSwitchBridge) -> None:
+    producer, pid = produce(model_dir, switch, PROMPT)
+    gate = Gate(CURRENT["backend"], need=4)
+    with FakeServer(gate) as gated_pool:
+        host, port = gated_pool.address
+        # A deadline long enough for nothing, if the chunks were fetched one after the other.
+        fetch = {**FETCH, "max_retries": 1, "deadline_s": 2.0}
+        consumer = Engine(model_dir, {"pool": f"{host}:{port}", "fetch": fetch})
+        consumer.add("c", PROMPT)
+        out = consumer.scheduler.schedule()
+        assert len(meta_of(out).loads) == 4
+        assert consumer.run_worker(out) == set()
+    assert len(gate.keys) == 4  # GETs of all four chunks were out before any answer
+    for mine, theirs in zip(consumer.blocks("c")[:4], producer.blocks(pid)[:4], strict=True):
+        assert consumer.block_bytes(mine) == producer.block_bytes(theirs)
+    assert all(r.ok for r in consumer.worker.last_reports)
+    producer.close()
+    consumer.close()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_a_failed_request_does_not_stop_another_requests_chunks(
+    model_dir: Path, switch: RefSwitchBridge, in_flight: int
+) -> None:
+    other = list(range(1100, 1170))  # a second prompt: no block in common with PROMPT
+    producer_a, _ = produce(model_dir, switch, PROMPT)
+    producer_b, _ = produce(model_dir, switch, other)
+    ka, kb = hashes(PROMPT), hashes(other)
+    responder = CorruptFragment(CURRENT["backend"], ka[0], frag=0)
+    with FakeServer(responder) as bad_pool:
+        host, port = bad_pool.address
+        fetch = {**FETCH, "max_chunks_in_flight": in_flight}
+        consumer = Engine(model_dir, {"pool": f"{host}:{port}", "host": "consumer", "fetch": fetch})
+        consumer.add("a", PROMPT)
+        consumer.add("b", other)
+        out = consumer.scheduler.schedule()
+        # In block order: a0 b0 a1 b1 a2 b2 a3 b3.
+        assert [ld.key for ld in meta_of(out).loads] == [
+            k for pair in zip(ka, kb, strict=True) for k in pair
+        ]
+        a, b = consumer.blocks("a"), consumer.blocks("b")
+        errors = consumer.run_worker(out)
+    assert errors == set(a[:4])  # block 0 of "a" failed its CRC: all of "a" recomputes
+    # After a0 fails, a chunk only "a" needs is fetched only if it was in flight with a0; the
+    # chunks of "b" not yet started are started after it, and all of "b" is loaded.
+    fetched = [r.key for r in consumer.worker.last_reports]
+    if in_flight == 4:
+        assert fetched == [ka[0], kb[0], ka[1], kb[1], kb[2], kb[3]]
+    else:
+        assert fetched == [ka[0], *kb]
+    for mine, theirs in zip(b[:4], producer_b.blocks("p")[:4], strict=True):
+        assert consumer.block_bytes(mine) == producer_b.block_bytes(theirs)
+    producer_a.close()
+    producer_b.close()
+    consumer.close()

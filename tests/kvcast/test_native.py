@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import zlib
 from array import array
 
@@ -12,7 +13,7 @@ import pytest
 
 from kvcast import p4constants as c
 from kvcast.native import describe, native
-from kvcast.wire import chunk_crc_seed, data_message
+from kvcast.wire import chunk_crc_seed, data_message, get_message
 
 needs_native = pytest.mark.skipif(
     native is None, reason="kvcast._native not built (make setup compiles it with gcc)"
@@ -109,3 +110,126 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
     assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 2])
     assert bytes(out[3 * fb :]) == chunk[3 * fb :]
     assert [bytes(s) for s in slow] == [stolen, other]
+
+
+@needs_native
+@pytest.mark.parametrize(("mtu", "first", "end"), [(576, 0, 300), (1500, 3, 61), (9000, 0, 61)])
+def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int) -> None:
+    # 576 B carries one fragment per DATA: 300 DATAs cross the 256-message sendmmsg batch.
+    from poolnode.backend import InMemoryBackend
+    from poolnode.server import DataAnswer, KvpGetHandler
+
+    assert native is not None
+    chunk = os.urandom(end * c.FRAG_BYTES - 77)  # the last fragment is short
+    backend = InMemoryBackend()
+    backend.put(5, 0x1122334455667788, chunk)
+    handler = KvpGetHandler(backend, mtu=mtu, max_get_fragments=1024)
+    answer = handler.answer(
+        get_message(5, 0x1122334455667788, first, req_id=99, group=3, count=end - first)
+    )
+    assert isinstance(answer, DataAnswer)
+    expected = [h + bytes(p) for h, p in handler.data_replies(answer)]
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        port = rx.getsockname()[1]
+        sent = native.send_data(
+            tx.fileno(), (0x7F000001, port), answer.header, answer.chunk, first, end,
+            handler.frags_per_data, c.FRAG_BYTES,
+        )  # fmt: skip
+        assert sent == sum(len(d) for d in expected)
+        assert [rx.recv(65536) for _ in expected] == expected
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("header_len", "first", "end", "per_data"),
+    [(39, 0, 1, 1), (40, 0, 5, 1), (40, -1, 1, 1), (40, 2, 2, 1), (40, 0, 1, 0), (40, 0, 1, 300)],
+)
+def test_send_data_refuses_a_bad_header_or_range(
+    header_len: int, first: int, end: int, per_data: int
+) -> None:
+    assert native is not None
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(ValueError, match="send_data"):
+            native.send_data(
+                tx.fileno(), (0x7F000001, 9), bytes(header_len), bytes(4 * c.FRAG_BYTES - 1),
+                first, end, per_data, c.FRAG_BYTES,
+            )  # fmt: skip
+        # A chunk of more fragments than a 16-bit index names: nothing past 65535 is sent.
+        with pytest.raises(ValueError, match="16-bit"):
+            native.send_data(
+                tx.fileno(), (0x7F000001, 9), bytes(40), bytes(65537), 65536, 65537, 1, 1
+            )
+    finally:
+        tx.close()
+
+
+@needs_native
+def test_send_gets_sends_each_slot_as_one_datagram_on_a_connected_socket() -> None:
+    assert native is not None
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        tx.connect(rx.getsockname())
+        slot, count = 296, 5
+        buf = bytearray(os.urandom(slot * (count + 1)))
+        assert native.send_gets(tx.fileno(), buf, slot, count) == count
+        for q in range(count):
+            assert rx.recv(2048) == bytes(buf[q * slot : (q + 1) * slot])
+        assert native.send_gets(tx.fileno(), buf, slot, 0) == 0
+        for bad in ((slot, count + 2), (0, 1), (slot, -1), (1, native.SEND_BATCH + 1)):
+            with pytest.raises(ValueError, match="send_gets"):
+                native.send_gets(tx.fileno(), bytearray(400), *bad)
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+def test_send_data_keeps_each_datas_crc_in_the_table_and_reuses_it() -> None:
+    from poolnode.server import crc_slots
+
+    assert native is not None
+    chunk = os.urandom(10 * c.FRAG_BYTES - 5)
+    header = bytearray(40)
+    header[4:6], header[8:16] = (3).to_bytes(2, "big"), (0xABCD).to_bytes(8, "big")
+    table = crc_slots(len(chunk))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2)
+        to = (0x7F000001, rx.getsockname()[1])
+
+        def send(first: int, end: int, crcs: bytearray | None) -> list[bytes]:
+            native.send_data(tx.fileno(), to, bytes(header), chunk, first, end, 4, c.FRAG_BYTES,
+                             crcs)  # fmt: skip
+            return [rx.recv(4096) for _ in range(-(-(end - first) // 4))]
+
+        plain = send(0, 10, None)
+        assert send(0, 10, table) == plain  # computed and kept
+        assert any(table[0:8]) and any(table[32:40]) and any(table[64:72])  # DATAs at 0, 4, 8
+        assert send(0, 10, table) == plain  # taken from the table
+        # The table is what is sent: a DATA of the same start and length takes its CRC.
+        table[36:40] = b"\xde\xad\xbe\xef"
+        poisoned = int.from_bytes(table[36:40], sys.byteorder).to_bytes(4, "big")
+        assert send(4, 8, table)[0][36:40] == poisoned
+        # A DATA of another length at the same start is computed again (and kept).
+        short = send(4, 6, table)[0]
+        assert short == send(4, 6, None)[0]
+        with pytest.raises(ValueError, match="crcs"):
+            native.send_data(tx.fileno(), to, bytes(header), chunk, 0, 1, 4, c.FRAG_BYTES,
+                             bytearray(8))  # fmt: skip
+    finally:
+        rx.close()
+        tx.close()

@@ -15,6 +15,7 @@ from kvcast.wire import KvpHeader, fragment_crc, get_message
 from poolnode.backend import InMemoryBackend, PoolBackendError
 from poolnode.server import (
     ChunkCache,
+    DataAnswer,
     KvpGetHandler,
     PoolServer,
     Reply,
@@ -161,7 +162,21 @@ def test_chunk_cache_evicts_least_recently_used_within_its_bound() -> None:
         cache.put(0, key, memoryview(bytes(100)))
     assert cache.get(0, 0) is None
     assert cache.get(0, 2) is not None
-    assert cache.used == 200
+    assert cache.used == 2 * (100 + 8)  # each chunk and its CRC table (8 B per fragment)
+
+
+def test_a_chunk_put_again_gets_a_fresh_crc_table() -> None:
+    cache = ChunkCache(max_bytes=1 << 20)
+    cache.put(0, 1, memoryview(bytes(1000)))  # 4 fragments
+    table = cache.crcs(0, 1)
+    assert table is not None and len(table) == 32 and not any(table)
+    table[:8] = b"\x01" * 8
+    cache.put(0, 1, memoryview(bytes(1000)))
+    again = cache.crcs(0, 1)
+    assert again is not None and not any(again)  # nothing computed from the old bytes is kept
+    assert cache.used == 1000 + 32
+    cache.invalidate(0, 1)
+    assert cache.crcs(0, 1) is None and cache.used == 0
 
 
 def test_chunk_cache_skips_chunks_larger_than_its_bound() -> None:
@@ -242,3 +257,64 @@ def test_duplicates_are_told_apart_by_range_and_group(handler: KvpGetHandler) ->
     b = get_message(TENANT, KEY, 5, req_id=7, count=5)
     assert handler.handle(a) and handler.handle(b)
     assert handler.stats.duplicate_gets == 0
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
+    data_path: str, backend: InMemoryBackend, client: socket.socket, mtu: int
+) -> None:
+    # The native path builds headers and CRCs in C (send_data); the bytes on the wire must be
+    # the Python path's, DATA for DATA, including the short tail and a group echo.
+    reference = KvpGetHandler(backend, mtu=mtu)
+    gets = [
+        get_message(TENANT, KEY, 0, req_id=70, count=NFRAGS),
+        get_message(TENANT, KEY, 4, req_id=71, count=NFRAGS - 4, group=9),
+        get_message(TENANT, KEY, NFRAGS - 1, req_id=72),
+    ]
+    gets.append(get_message(TENANT, KEY, 0, req_id=73, count=NFRAGS))  # again: cached CRCs
+    expected = [h + bytes(p) for g in gets for h, p in reference.handle(g)]
+    with PoolServer(backend, "127.0.0.1", 0, mtu=mtu) as srv:
+        for g in gets:
+            client.sendto(g, srv.address)
+        got = [client.recv(65536) for _ in expected]
+        client.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            client.recv(65536)  # nothing beyond the handler's replies
+        assert got == expected
+        assert srv.stats.data_sent == reference.stats.data_sent == len(expected)
+        assert srv.stats.bytes_sent == sum(len(d) for d in expected)
+        assert srv.stats.send_errors == srv.stats.internal_errors == 0
+        assert srv.stats.data_payload_bytes == reference.stats.data_payload_bytes
+
+
+def test_a_served_get_is_an_answer_whose_datas_are_the_handlers_replies(
+    handler: KvpGetHandler,
+) -> None:
+    get = get_message(TENANT, KEY, 2, req_id=80, count=NFRAGS - 2)
+    answer = handler.answer(get)
+    assert isinstance(answer, DataAnswer)
+    assert (answer.first, answer.end, bytes(answer.chunk)) == (2, NFRAGS, CHUNK)
+    hdr = KvpHeader.unpack(answer.header)
+    assert (hdr.op, hdr.flags, hdr.req_id, hdr.frag_count) == (
+        c.KVP_OP_DATA,
+        c.KVP_FLAG_POOL,
+        80,
+        NFRAGS,
+    )
+    replies = handler.data_replies(answer)
+    assert replies == KvpGetHandler(handler.backend).handle(get)
+    assert answer.wire_bytes == sum(len(h) + len(p) for h, p in replies)
+    # A refusal is the NACK to send, not a range to serve.
+    nack = handler.answer(get_message(TENANT, KEY + 1, 0, req_id=81))
+    assert isinstance(nack, list) and len(nack) == 1
+    hdr = KvpHeader.unpack(nack[0][0])
+    assert (hdr.op, hdr.status, hdr.req_id) == (c.KVP_OP_NACK, c.KVP_STATUS_NOT_FOUND, 81)
+
+
+def test_an_answer_carries_the_crc_table_cached_with_its_chunk(backend: InMemoryBackend) -> None:
+    get = get_message(TENANT, KEY, 0, req_id=90, count=NFRAGS)
+    cached = KvpGetHandler(backend).answer(get)
+    assert isinstance(cached, DataAnswer) and cached.crcs is not None
+    assert len(cached.crcs) == 8 * NFRAGS
+    uncached = KvpGetHandler(backend, cache_bytes=0).answer(get)
+    assert isinstance(uncached, DataAnswer) and uncached.crcs is None  # computed every time
