@@ -130,18 +130,21 @@ typedef struct {
     PyObject *pushed;   /* list: resident keys accessed, in order */
     int adaptive, learned, has_clock;
     double clock_t, clock_v, half_life, log_gap, gap_factor, min_hl, max_hl, log_repeat;
+    double log_history;
     long long gap_samples, cls_samples, max_tracked;
     double latest;
     double entries[N_CLASSES], reuses[N_CLASSES];
     PyObject *entries_list, *reuses_list, *state;
 } Ctx;
 
-/* params = (adaptive, learned, gap_factor, min_hl, max_hl, log_repeat, max_tracked)
+/* params = (adaptive, learned, gap_factor, min_hl, max_hl, log_repeat, max_tracked,
+ *           log_history)
  * state = [clock_t or None, clock_v, half_life, log_gap, gap_samples, cls_samples, latest] */
 static int ctx_load(Ctx *c, PyObject *params, PyObject *state, PyObject *entries,
                     PyObject *reuses) {
-    if (!PyArg_ParseTuple(params, "ppddddL", &c->adaptive, &c->learned, &c->gap_factor,
-                          &c->min_hl, &c->max_hl, &c->log_repeat, &c->max_tracked))
+    if (!PyArg_ParseTuple(params, "ppddddLd", &c->adaptive, &c->learned, &c->gap_factor,
+                          &c->min_hl, &c->max_hl, &c->log_repeat, &c->max_tracked,
+                          &c->log_history))
         return -1;
     if (!PyList_Check(state) || PyList_GET_SIZE(state) != 7 || !PyList_Check(entries) ||
         !PyList_Check(reuses) || PyList_GET_SIZE(entries) != N_CLASSES ||
@@ -304,7 +307,7 @@ static int step(Ctx *c, PyObject *key, PyObject *tenant, PyObject *size, long lo
         lw += w;
     }
     m->hosts |= bit;
-    double a = m->logs;
+    double a = m->logs + c->log_history;
     if (a == -INFINITY)
         m->logs = lw;
     else if (a >= lw)

@@ -161,6 +161,9 @@ class KvcastPolicy(CachePolicy):
             came back (False: every access weighs 1, the policy before issue 14).
         native: use the C record path for batches when it is built (``KVCAST_NATIVE=0`` also
             turns it off; read when the policy is created).
+        history_weight: at each access the decayed sum of the earlier ones is first multiplied
+            by this (1: the plain decayed sum; below 1 the score leans towards the last
+            access, as LRU does; a grid point of the leave-one-family-out evaluation).
 
     Raises:
         PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
@@ -183,6 +186,7 @@ class KvcastPolicy(CachePolicy):
         demote_threshold: float = 1.0,
         learned_weights: bool = True,
         native: bool = True,
+        history_weight: float = 1.0,
     ) -> None:
         super().__init__(capacity_bytes, demote_threshold=demote_threshold)
         if half_life_s is not None and not half_life_s > 0:
@@ -202,6 +206,9 @@ class KvcastPolicy(CachePolicy):
             )
         if max_tracked < 16:
             raise PolicyConfigError(f"max_tracked must be >= 16, got {max_tracked}")
+        if not 0 < history_weight <= 1:
+            raise PolicyConfigError(f"history_weight must be in (0, 1], got {history_weight}")
+        self._log_history = math.log2(history_weight)
         self._adaptive = half_life_s is None
         self._half_life = float(initial_half_life_s if half_life_s is None else half_life_s)
         self._gap_factor = float(gap_factor)
@@ -335,7 +342,7 @@ class KvcastPolicy(CachePolicy):
         if self._learned:
             lw += self._learn(m, access.time, access.parent)
         m.hosts |= bit
-        a = m.logs
+        a = m.logs + self._log_history
         if a == _NEG_INF:
             m.logs = lw
         elif a >= lw:
@@ -439,6 +446,7 @@ class KvcastPolicy(CachePolicy):
             self._max_half_life,
             self._log_repeat,
             self._max_tracked,
+            self._log_history,
         )
         state = [
             self._clock_t,

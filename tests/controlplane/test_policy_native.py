@@ -103,8 +103,9 @@ def _pair(**params: Any) -> tuple[KvcastPolicy, KvcastPolicy]:
         {"max_tracked": 600},  # pruning inside the batch
         {"learned_weights": False},
         {"half_life_s": 20.0, "repeat_host_weight": 1.0},
+        {"history_weight": 0.5},
     ],
-    ids=["default", "pruning", "unlearned", "fixed-half-life"],
+    ids=["default", "pruning", "unlearned", "fixed-half-life", "history-weight"],
 )
 def test_native_record_equals_python_record(params: dict[str, Any]) -> None:
     for w in _workloads():
