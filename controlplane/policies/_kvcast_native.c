@@ -434,8 +434,9 @@ static PyObject *record(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (ctx_load(&c, params, state, entries, reuses) < 0) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(seq), i = start < 0 ? 0 : start;
-    for (; i < n; i++) {
+    Py_ssize_t i = start < 0 ? 0 : start;
+    /* The size is read at each step: the prune callback runs Python code. */
+    for (; i < PyList_GET_SIZE(seq); i++) {
         PyObject *a = PyList_GET_ITEM(seq, i);
         Py_INCREF(a); /* the prune callback runs Python code */
         int r = take_access(&c, a);

@@ -82,7 +82,7 @@ class PolicyConfigError(PolicyError, ConfigError):
 
 
 class InvalidAccessError(PolicyError, ValueError):
-    """An access event is malformed (non-positive size, key outside 0..2**64-1)."""
+    """An access event is malformed (size <= 0, key outside 0..2**64-1, position beyond 64 bits)."""
 
 
 class FutureMismatchError(PolicyError):
@@ -658,6 +658,10 @@ def _check_access(access: Access) -> None:
         raise InvalidAccessError(f"chunk {access.key}: size must be > 0, got {access.size}")
     if not 0 <= access.key <= KEY_MAX:
         raise InvalidAccessError(f"chunk key {access.key} is not an unsigned 64-bit value")
+    if access.position is not None and not -(1 << 63) <= access.position < 1 << 63:
+        raise InvalidAccessError(
+            f"chunk {access.key}: position {access.position} is not a signed 64-bit value"
+        )
 
 
 # ---------------------------------------------------------------------- registry

@@ -185,8 +185,10 @@ def test_unusual_accesses_take_the_python_path_with_the_same_result() -> None:
         Access(big, 0, BLOCK, 3, 40),
     ] * 3
     py, c = _pair()
-    with pytest.raises(OverflowError):  # a position beyond 64 bits does not fit KvMeta
-        c.record_many(acc)
+    for p in (py, c):  # a position beyond 64 bits is refused on both paths, after 2 accesses
+        with pytest.raises(InvalidAccessError, match="position"):
+            p.record_many(acc)
+    assert _state(py) == _state(c) and len(c._meta) == 2
     acc = [a for a in acc if a.key != 6]
     py, c = _pair()
     assert py.record_many(acc) == c.record_many(acc) == len(acc)
