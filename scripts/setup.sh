@@ -35,9 +35,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv --system-site-packages .venv
 fi
 stamp=.venv/.kvcast-installed
-# The native data path (kvcast/_native.c, built by setup.py) is rebuilt when its source changes.
+# The native code (kvcast/_native.c, controlplane/policies/_kvcast_native.c, built by setup.py)
+# is rebuilt when its source changes.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] ||
-   [ kvcast/_native.c -nt "$stamp" ]; then
+   [ kvcast/_native.c -nt "$stamp" ] || [ controlplane/policies/_kvcast_native.c -nt "$stamp" ]; then
   echo "setup: installing Python packages into .venv (log: .venv/pip.log)"
   {
     .venv/bin/pip install --upgrade pip &&

@@ -37,6 +37,7 @@ from controlplane.policies.arc import ArcPolicy
 from controlplane.policies.base import (
     NO_CHANGE,
     Access,
+    AccessColumns,
     Admission,
     CachePolicy,
     Decision,
@@ -62,6 +63,7 @@ from controlplane.policies.wtinylfu import WTinyLfuPolicy
 __all__ = [
     "NO_CHANGE",
     "Access",
+    "AccessColumns",
     "Admission",
     "ArcPolicy",
     "BeladyPolicy",

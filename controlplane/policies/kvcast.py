@@ -46,6 +46,13 @@ estimates from the past with an exponentially decayed, host-weighted access coun
 * Value recovery: an evicted chunk whose current score is at least ``demote_threshold`` (about
   one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
 
+Batch path: ``record_many`` and ``record_arrays`` run the per-access update in C
+(``controlplane.policies._kvcast_native``, built by ``pip install -e .``) when it is built and
+``KVCAST_NATIVE`` is not ``0``: the same operations in the same order, so the statistics, the
+ranking and every decision are those of the Python path, bit for bit (tested both ways). An
+access the C loop cannot take exactly as Python would (a subclass of Access, a non-int key, a
+value outside 64 bits, a malformed one) goes through the Python path.
+
 Classes:
     KvcastPolicy: the policy (registered as ``"kvcast"``).
 """
@@ -53,22 +60,45 @@ Classes:
 from __future__ import annotations
 
 import heapq
+import importlib
 import itertools
 import math
+import os
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from controlplane.policies.base import (
     NO_CHANGE,
     Access,
+    AccessColumns,
     CachePolicy,
     Decision,
+    InvalidAccessError,
     PolicyConfigError,
     Ranked,
     register_policy,
 )
 
-__all__ = ["KvcastPolicy"]
+__all__ = ["KvcastPolicy", "native_record"]
+
+_ext: ModuleType | None
+try:
+    _ext = importlib.import_module("controlplane.policies._kvcast_native")
+    _ext.bind_access(Access)
+except ImportError:  # not compiled here: the Python record path runs
+    _ext = None
+
+
+def native_record() -> ModuleType | None:
+    """The C record path when it is built and ``KVCAST_NATIVE`` is not ``0``; else None."""
+    if _ext is None or os.environ.get("KVCAST_NATIVE", "1") == "0":
+        return None
+    return _ext
+
 
 _NEG_INF = float("-inf")
 
@@ -129,6 +159,11 @@ class KvcastPolicy(CachePolicy):
         demote_threshold: score at or above which an evicted chunk is DEMOTEd.
         learned_weights: weigh each access by the learned share of its class's blocks that
             came back (False: every access weighs 1, the policy before issue 14).
+        native: use the C record path for batches when it is built (``KVCAST_NATIVE=0`` also
+            turns it off; read when the policy is created).
+        history_weight: at each access the decayed sum of the earlier ones is first multiplied
+            by this (1: the plain decayed sum; below 1 the score leans towards the last
+            access, as LRU does; a grid point of the leave-one-family-out evaluation).
 
     Raises:
         PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
@@ -150,6 +185,8 @@ class KvcastPolicy(CachePolicy):
         max_tracked: int = 1 << 18,
         demote_threshold: float = 1.0,
         learned_weights: bool = True,
+        native: bool = True,
+        history_weight: float = 1.0,
     ) -> None:
         super().__init__(capacity_bytes, demote_threshold=demote_threshold)
         if half_life_s is not None and not half_life_s > 0:
@@ -169,6 +206,9 @@ class KvcastPolicy(CachePolicy):
             )
         if max_tracked < 16:
             raise PolicyConfigError(f"max_tracked must be >= 16, got {max_tracked}")
+        if not 0 < history_weight <= 1:
+            raise PolicyConfigError(f"history_weight must be in (0, 1], got {history_weight}")
+        self._log_history = math.log2(history_weight)
         self._adaptive = half_life_s is None
         self._half_life = float(initial_half_life_s if half_life_s is None else half_life_s)
         self._gap_factor = float(gap_factor)
@@ -195,6 +235,8 @@ class KvcastPolicy(CachePolicy):
         self._cls_entries = [1.0] * _N_CLASSES
         self._cls_reuses = [0.5] * _N_CLASSES
         self._cls_samples = 0
+        self._ext = native_record() if native else None
+        self._meta_cls: Any = _Meta if self._ext is None else self._ext.KvMeta
 
     # ------------------------------------------------------------------ statistics
     @property
@@ -280,7 +322,7 @@ class KvcastPolicy(CachePolicy):
         key = access.key
         m = self._meta.get(key)
         if m is None:
-            m = _Meta(access.tenant, access.size)
+            m = self._meta_cls(access.tenant, access.size)
             self._meta[key] = m
         elif key not in self._resident:
             m.tenant = access.tenant
@@ -300,7 +342,7 @@ class KvcastPolicy(CachePolicy):
         if self._learned:
             lw += self._learn(m, access.time, access.parent)
         m.hosts |= bit
-        a = m.logs
+        a = m.logs + self._log_history
         if a == _NEG_INF:
             m.logs = lw
         elif a >= lw:
@@ -338,14 +380,187 @@ class KvcastPolicy(CachePolicy):
         Args:
             keep: a key that must survive (the one being accessed).
         """
-        candidates = [k for k in self._meta if k not in self._resident and k != keep]
         drop = len(self._meta) - (3 * self._max_tracked) // 4
+        if self._ext is not None:
+            # The same candidates in the same order, read in C.
+            keys, logs_all, _, _, excluded, _ = self._columns(keep)
+            idx = np.flatnonzero(~excluded)
+            if drop <= 0 or not len(idx):
+                return
+            logs = logs_all[idx]
+            drop = min(drop, len(idx))
+            for i in np.argpartition(logs, drop - 1)[:drop]:
+                del self._meta[keys[int(idx[int(i)])]]
+            return
+        candidates = [k for k in self._meta if k not in self._resident and k != keep]
         if drop <= 0 or not candidates:
             return
         logs = np.fromiter((self._meta[k].logs for k in candidates), float, len(candidates))
         drop = min(drop, len(candidates))
         for i in np.argpartition(logs, drop - 1)[:drop]:
             del self._meta[candidates[int(i)]]
+
+    def _columns(
+        self, keep: int | None = None
+    ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray, int | None]:
+        """Every tracked chunk's key, logs, pri, position, resident-or-``keep`` flag; min size.
+
+        Read in C when the native path is in use, else in Python; the dict's order either way.
+        """
+        if self._ext is not None:
+            keys, logs, pri, pos, excl, min_size = self._ext.columns(
+                self._meta, self._resident, keep
+            )
+            return (
+                keys,
+                np.frombuffer(logs, np.float64),
+                np.frombuffer(pri, np.float64),
+                np.frombuffer(pos, np.int64),
+                np.frombuffer(excl, np.uint8).astype(bool),
+                min_size,
+            )
+        keys = list(self._meta)
+        metas = [self._meta[k] for k in keys]
+        n = len(metas)
+        return (
+            keys,
+            np.fromiter((m.logs for m in metas), float, n),
+            np.fromiter((m.pri for m in metas), float, n),
+            np.fromiter((m.position for m in metas), np.int64, n),
+            np.fromiter((k in self._resident or k == keep for k in keys), bool, n),
+            min((m.size for m in metas), default=None),
+        )
+
+    # ------------------------------------------------------------------ batch record (C)
+    @property
+    def native(self) -> bool:
+        """Whether batches are recorded by the C path."""
+        return self._ext is not None
+
+    def _native_args(self) -> tuple[Any, ...]:
+        params = (
+            self._adaptive,
+            self._learned,
+            self._gap_factor,
+            self._min_half_life,
+            self._max_half_life,
+            self._log_repeat,
+            self._max_tracked,
+            self._log_history,
+        )
+        state = [
+            self._clock_t,
+            self._clock_v,
+            self._half_life,
+            self._log_gap,
+            self._gap_samples,
+            self._cls_samples,
+            self._latest,
+        ]
+        return (self._meta, self._resident, self._prune, params, state)
+
+    def _native_done(self, state: list[Any], pushed: list[int]) -> None:
+        """Take the scalar state back from the C loop and push the resident keys it touched."""
+        (
+            self._clock_t,
+            self._clock_v,
+            self._half_life,
+            self._log_gap,
+            self._gap_samples,
+            self._cls_samples,
+            self._latest,
+        ) = state
+        if pushed:
+            # One live heap entry per resident key, in the order of their last access: the
+            # heap the Python path leaves (its earlier entries for the same keys are stale).
+            for key in reversed(list(dict.fromkeys(reversed(pushed)))):
+                self._push(key, self._meta[key])
+            pushed.clear()
+
+    def record_many(self, accesses: Iterable[Access]) -> int:
+        """Batch mode: record every access (in C when built; the same result as one by one).
+
+        Args:
+            accesses: access events in time order.
+
+        Returns:
+            How many accesses were recorded.
+
+        Raises:
+            InvalidAccessError: if an access is malformed (the ones before it stay recorded).
+        """
+        ext = self._ext
+        if ext is None:
+            return super().record_many(accesses)
+        seq = accesses if isinstance(accesses, list) else list(accesses)
+        i, n = 0, len(seq)
+        pushed: list[int] = []
+        while i < n:
+            meta, resident, prune, params, state = self._native_args()
+            entries, reuses = self._cls_entries, self._cls_reuses
+            try:
+                stop = ext.record(
+                    meta, resident, prune, params, state, entries, reuses, pushed, seq, i
+                )
+            finally:
+                self._native_done(state, pushed)
+            if stop >= n:
+                break
+            self.record(seq[stop])  # one the C loop leaves to Python (or a malformed one)
+            i = stop + 1
+        return n
+
+    def record_arrays(
+        self,
+        keys: npt.ArrayLike,
+        tenants: npt.ArrayLike,
+        sizes: npt.ArrayLike,
+        hosts: npt.ArrayLike,
+        times: npt.ArrayLike,
+        parents: npt.ArrayLike | None = None,
+        has_parent: npt.ArrayLike | None = None,
+        positions: npt.ArrayLike | None = None,
+    ) -> int:
+        """Batch mode over column arrays (see :meth:`CachePolicy.record_arrays`), in C when built.
+
+        Returns:
+            How many accesses were recorded.
+
+        Raises:
+            InvalidAccessError: columns of different lengths, or a size <= 0 (the accesses
+                before it stay recorded).
+        """
+        ext = self._ext
+        if ext is None:
+            return super().record_arrays(
+                keys, tenants, sizes, hosts, times, parents, has_parent, positions
+            )
+        cols = AccessColumns.build(
+            keys, tenants, sizes, hosts, times, parents, has_parent, positions
+        )
+        n = len(cols.keys)
+        meta, resident, prune, params, state = self._native_args()
+        pushed: list[int] = []
+        try:
+            stop = ext.record_arrays(
+                meta,
+                resident,
+                prune,
+                params,
+                state,
+                self._cls_entries,
+                self._cls_reuses,
+                pushed,
+                n,
+                *cols,
+                0,
+            )
+        finally:
+            self._native_done(state, pushed)
+        if stop < n:
+            bad = cols.access(stop)
+            raise InvalidAccessError(f"chunk {bad.key}: size must be > 0, got {bad.size}")
+        return n
 
     # ------------------------------------------------------------------ online decision
     def _decide(self, access: Access) -> Decision:
@@ -434,7 +649,7 @@ class KvcastPolicy(CachePolicy):
         Returns:
             The ranking; ``score`` is the decayed, host-weighted access count.
         """
-        keys, pri, depth = self._arrays()
+        keys, _, pri, depth, _, _ = self._columns()
         order = np.lexsort((depth, -pri))
         x = self._x(now)
         out = []
@@ -453,13 +668,6 @@ class KvcastPolicy(CachePolicy):
             )
         return out
 
-    def _arrays(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        keys = list(self._meta)
-        metas = [self._meta[k] for k in keys]
-        pri = np.fromiter((m.pri for m in metas), float, len(metas))
-        depth = np.fromiter((m.position for m in metas), np.int64, len(metas))
-        return keys, pri, depth
-
     def select(self, now: float) -> Decision:
         """Batch re-select with hysteresis: residents rank as if worth ``1 + hysteresis`` more.
 
@@ -472,15 +680,13 @@ class KvcastPolicy(CachePolicy):
         Returns:
             Evictions of residents that lost their place and admissions of newcomers.
         """
-        keys, pri, depth = self._arrays()
-        if not keys:
+        keys, _, pri, depth, resident, min_size = self._columns()
+        if not keys or min_size is None:
             return NO_CHANGE
-        resident = np.fromiter((k in self._resident for k in keys), bool, len(keys))
         order = np.lexsort((depth, -(pri + np.where(resident, self._log_margin, 0.0))))
         chosen: dict[int, Ranked] = {}
         free = self._capacity
         x = self._x(now)
-        min_size = min(m.size for m in self._meta.values())
         for i in order:
             if free < min_size:
                 break

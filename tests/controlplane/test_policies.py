@@ -1,7 +1,8 @@
 """Contract tests run against every registered cache policy.
 
 A policy registered with ``register_policy`` is picked up here automatically; offline
-policies are given the future of the sequence they are about to see.
+policies are given the future of the sequence they are about to see. Every test runs twice:
+with kvcast's C record path (when built) and with ``KVCAST_NATIVE=0``, the Python one.
 """
 
 from __future__ import annotations
@@ -24,10 +25,23 @@ from controlplane.policies import (
     policy_class,
     register_policy,
 )
+from controlplane.policies.kvcast import _ext as kvcast_native_ext
 from controlplane.policies.lru import LruPolicy
 
 BLOCK = 1000
 ALL = available_policies()
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def record_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test on kvcast's C record path and on its Python path."""
+    if request.param == "native" and kvcast_native_ext is None:
+        pytest.skip(
+            "controlplane.policies._kvcast_native not built (pip install -e . compiles it "
+            "with gcc and python3-dev)"
+        )
+    monkeypatch.setenv("KVCAST_NATIVE", "1" if request.param == "native" else "0")
+    return str(request.param)
 
 
 def build(name: str, capacity: int, seq: Sequence[Access], **params: object) -> CachePolicy:

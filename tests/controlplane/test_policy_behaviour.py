@@ -232,6 +232,18 @@ def test_kvcast_bounds_its_metadata() -> None:
     assert len(policy.rank(1000.0)) <= 16 + 1
 
 
+def test_kvcast_history_weight_leans_towards_the_last_access() -> None:
+    """Below 1 the earlier accesses count less: a block reused many times long ago falls
+    behind one used once just now sooner than with the plain decayed sum."""
+    for weight, old_first in ((1.0, True), (0.25, False)):
+        policy = KvcastPolicy(4 * B, half_life_s=60.0, learned_weights=False, history_weight=weight)
+        for i in range(8):
+            policy.observe(acc(1, float(i)))  # eight accesses in the first seconds
+        policy.observe(acc(2, 60.0))  # one access a half-life later
+        ranked = [r.key for r in policy.rank(60.0)]
+        assert (ranked.index(1) < ranked.index(2)) is old_first
+
+
 def test_kvcast_rejects_bad_parameters() -> None:
     for params in (
         {"half_life_s": 0.0},
@@ -239,6 +251,8 @@ def test_kvcast_rejects_bad_parameters() -> None:
         {"repeat_host_weight": 0.0},
         {"max_tracked": 1},
         {"min_half_life_s": 10.0, "initial_half_life_s": 5.0},
+        {"history_weight": 0.0},
+        {"history_weight": 1.5},
     ):
         with pytest.raises(PolicyConfigError):
             make_policy("kvcast", capacity_bytes=B, **params)

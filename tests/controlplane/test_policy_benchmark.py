@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import bench_line, parse_line
 from benchmarks.__main__ import discover, format_tables, main
-from benchmarks.policies import policy_rows, target_rows
+from benchmarks.policies import _rate_rows, policy_rows, target_rows
 from controlplane.policies.workloads import zipf_prefix_workload
 
 
@@ -78,6 +78,18 @@ def test_target_rows_compare_kvcast_with_the_best_anchor() -> None:
     fields = parsed[1]
     assert (fields["best_anchor"], fields["kvcast_over_best_anchor"]) == ("arc", "1.2")
     assert (fields["target"], fields["met"]) == ("1.15", "True")
+    assert (fields["ceiling"], fields["reachable"]) == ("1.333", "True")
+
+
+def test_target_rows_say_where_the_target_is_out_of_reach() -> None:
+    """An anchor at 0.9 of the optimum leaves at most 1.11x: printed, and still not met."""
+    w = zipf_prefix_workload(n_requests=20, n_documents=5, block_bytes=10)
+    table = {8: {"kvcast": 0.95, "wtinylfu": 0.9, "opt_byte_hit": 0.3}}
+    (line,) = target_rows(w, table)
+    parsed = parse_line(line)
+    assert parsed is not None
+    fields = parsed[1]
+    assert (fields["ceiling"], fields["reachable"], fields["met"]) == ("1.111", "False", "False")
 
 
 def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch, capsys) -> None:
@@ -94,3 +106,19 @@ def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch,
     other.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
     assert main(["--trace", str(other), "--list"]) == 0
     assert default_trace_path() == other.resolve()
+
+
+def test_rate_rows_time_every_record_path_and_check_they_select_alike(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    w = zipf_prefix_workload(n_requests=150, n_documents=20)
+    lines = _rate_rows(w, w.accesses(), reps=2)
+    fields = [parse_line(line) for line in lines]
+    paths = [f[1]["path"] for f in fields if f]
+    assert paths[0] == "python"
+    assert set(paths) <= {"python", "native", "arrays"}
+    for f in fields:
+        assert f is not None and f[0] == "policies-rate"
+        assert f[1]["runs"] == "2" and f[1]["same_selection"] == "True"
+        assert f[1]["target_s"] == "1" and f[1]["met"] in ("True", "False")
+    assert "policies-rate" in capsys.readouterr().out

@@ -46,8 +46,26 @@ def test_kvcast_is_compared_with_the_best_anchor_case_by_case() -> None:
     (r,) = lofo.against_anchors(rows, table)
     assert (r["min_ratio"], r["mean_ratio"]) == (1.0, 1.1)
     assert r["ceiling"] == pytest.approx(1 / 0.9, abs=1e-3)  # a2: no policy beats the optimum
-    assert not r["target_met"]
-    assert "1.000 [1.11]" in lofo.format_anchor_table([r])
+    assert not r["target_met"] and not r["reachable"]
+    text = lofo.format_anchor_table([r])
+    assert "1.000 [1.11]x" in text  # x: 1.15 is out of reach here by construction
+    assert text.splitlines()[-1].startswith("met in 0 of 1 cells (+); 1 out of reach")
+
+
+def test_a_reachable_cell_is_told_apart_from_an_unreachable_one() -> None:
+    rows = [
+        {**_row("A", "default", 0.55, "kvcast"), "workload": "a1"},
+        {**_row("A", "default", 0.5, "lru"), "workload": "a1"},
+        {**_row("B", "default", 0.7, "kvcast"), "workload": "b1"},
+        {**_row("B", "default", 0.5, "lru"), "workload": "b1"},
+    ]
+    ratios = lofo.against_anchors(rows, lofo.leave_one_out(rows))
+    by = {r["family"]: r for r in ratios}
+    assert by["A"]["reachable"] and not by["A"]["target_met"]  # 1.1, ceiling 2.0
+    assert by["B"]["reachable"] and by["B"]["target_met"]  # 1.4
+    lines = lofo.format_anchor_table(ratios).splitlines()
+    assert lines[2].rstrip().endswith("[2.00]") and lines[3].rstrip().endswith("[2.00]+")
+    assert lines[-1].startswith("met in 1 of 2 cells (+); 0 out of reach")
 
 
 def test_every_family_is_there_and_generators_are_deterministic() -> None:
