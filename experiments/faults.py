@@ -463,46 +463,39 @@ def run_trace_faults(
     return rows
 
 
-def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
-    """The restart rows as a text table."""
+def _key_table(rows: Sequence[dict[str, Any]], keys: Sequence[str], title: str, digits: int) -> str:
+    """The rows' ``keys`` as an aligned text table (floats to ``digits`` places, None as "-")."""
 
     def f(v: Any) -> str:
-        return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+        return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
+    cells = [[f(r.get(k)) for k in keys] for r in rows]
+    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
+    lines = [title, "=" * len(title)]
+    lines.append("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip())
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def format_restarts(rows: Sequence[dict[str, Any]], title: str) -> str:
+    """The restart rows as a text table."""
     keys = [
         "component", "requests", "blocks_fetched", "blocks_failed", "wrong_bytes",
         "requests_in_outage", "retries_in_outage", "fell_back_in_outage", "detect_s", "up_s",
         "resync_s", "reloaded_s", "hits_return_s", "pool_return_s", "down_s", "reput",
-        "partial_frags",
-        "resident_before",
-        "resident_after", "orphans", "error", "skipped",
+        "partial_frags", "resident_before", "resident_after", "orphans", "error", "skipped",
     ]  # fmt: skip
-    cells = [[f(r.get(k)) for k in keys] for r in rows]
-    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
-    lines = [title, "=" * len(title)]
-    lines.append("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip())
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return _key_table(rows, keys, title, 2)
 
 
 def format_trace_faults(rows: Sequence[dict[str, Any]], title: str) -> str:
     """The trace-replay fault rows as a text table."""
-
-    def f(v: Any) -> str:
-        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
     keys = [
         "fault", "requests", "blocks_fetched", "blocks_hit", "blocks_failed", "wrong_bytes",
         "retries", "fell_back", "fetch_s_p50", "fetch_s_p99", "error",
     ]  # fmt: skip
-    cells = [[f(r.get(k)) for k in keys] for r in rows]
-    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
-    lines = [title, "=" * len(title)]
-    lines.append("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip())
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return _key_table(rows, keys, title, 3)
 
 
 def format_rows(rows: Sequence[dict[str, Any]], title: str) -> str:
