@@ -287,7 +287,7 @@ RESTART_COMPONENTS: dict[str, str] = {
 LOAD_KILL_BLOCK_BYTES = 16384
 """Blocks of the controller-load run: 64 fragments, so a load lasts long enough (tens of
 milliseconds of WRITEs) for the daemon to be killed in the middle of one."""
-TRACE_FAULTS = ["loss 1%", "corrupt 1%", "loss 5%"]
+TRACE_FAULTS = ["loss 1%", "corrupt 1%", "loss 5%", "duplicate 1%", "reorder 5%", "jitter 0-5 ms"]
 """The faults the trace replay runs under (``trace-faults.csv``)."""
 QUICK_TRACE_FAULTS = ["loss 1%"]
 
