@@ -82,6 +82,32 @@ def silent(_datagram: bytes) -> list[bytes]:
     return []
 
 
+class Gate:
+    """The pool, but it answers nothing until GETs for ``need`` different chunks have come.
+
+    A client (or a loader) that waits for one chunk before it asks for the next never gets an
+    answer.
+    """
+
+    def __init__(self, backend: InMemoryBackend, need: int) -> None:
+        self.inner = pool(backend)
+        self.need = need
+        self.keys: set[int] = set()
+        self.held: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        with self.lock:
+            if len(self.keys) >= self.need:
+                return self.inner(datagram)
+            self.keys.add(KvpHeader.unpack(datagram).key)
+            self.held.append(datagram)
+            if len(self.keys) < self.need:
+                return []
+            held, self.held = self.held, []
+        return [reply for d in held for reply in self.inner(d)]
+
+
 class Corrupting:
     """The pool, but the first DATA carrying fragment ``frag`` has one payload byte flipped."""
 

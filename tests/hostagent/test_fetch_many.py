@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ from kvcast import p4constants as c
 from kvcast.wire import KvpHeader, data_message
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
-from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, pool
+from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, Gate, pool
 
 # Each test runs on the native data path and on the pure-Python one.
 pytestmark = pytest.mark.usefixtures("data_path")
@@ -69,36 +68,11 @@ def test_every_chunk_arrives_whole_and_unmixed(pool_server: PoolServer, in_fligh
         assert got(req) == CHUNKS[req.key]
 
 
-class _Gate:
-    """The pool, but it answers nothing until GETs for ``need`` different chunks have come.
-
-    A client that waits for one chunk before asking for the next never gets an answer.
-    """
-
-    def __init__(self, backend: InMemoryBackend, need: int) -> None:
-        self.inner = pool(backend)
-        self.need = need
-        self.keys: set[int] = set()
-        self.held: list[bytes] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, datagram: bytes) -> list[bytes]:
-        with self.lock:
-            if len(self.keys) >= self.need:
-                return self.inner(datagram)
-            self.keys.add(KvpHeader.unpack(datagram).key)
-            self.held.append(datagram)
-            if len(self.keys) < self.need:
-                return []
-            held, self.held = self.held, []
-        return [reply for d in held for reply in self.inner(d)]
-
-
 def test_the_next_chunks_gets_go_out_before_the_first_chunk_is_answered(
     backend: InMemoryBackend,
 ) -> None:
     keys = KEYS[:3]
-    with FakeServer(_Gate(backend, need=3)) as gate:
+    with FakeServer(Gate(backend, need=3)) as gate:
         reqs = requests(keys)
         with FetchClient(gate.address, window=32, **STEADY) as client:
             reports = client.fetch_many(reqs, max_chunks_in_flight=3)
@@ -109,7 +83,7 @@ def test_the_next_chunks_gets_go_out_before_the_first_chunk_is_answered(
 def test_one_chunk_at_a_time_leaves_the_gate_shut_for_the_first(
     backend: InMemoryBackend,
 ) -> None:
-    with FakeServer(_Gate(backend, need=2)) as gate:
+    with FakeServer(Gate(backend, need=2)) as gate:
         reqs = requests(KEYS[:2])
         with FetchClient(gate.address, window=32, **FAST) as client:
             reports = client.fetch_many(reqs, max_chunks_in_flight=1)

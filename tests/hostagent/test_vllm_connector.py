@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +57,7 @@ from kvcast import p4constants as c  # noqa: E402
 from kvcast.wire import KvpHeader  # noqa: E402
 from poolnode.backend import InMemoryBackend  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
-from tests.hostagent.fakes import FakeServer, pool  # noqa: E402
+from tests.hostagent.fakes import FakeServer, Gate, pool  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
 
 BS = 16
@@ -540,31 +539,6 @@ def test_the_agents_keyer_names_blocks_as_vllms_hasher_does() -> None:
     # Before 0.33 the salt was hashed bare: those keys name other chunks.
     bare = ChunkKeyer(BS, seed, cache_salt="tenant-b")
     assert bare.wire_keys(PROMPT)[0] != hashes(PROMPT, salt="tenant-b")[0]
-
-
-class Gate:
-    """The pool node, but it answers nothing until GETs for ``need`` different chunks have come.
-
-    A loader that waits for one chunk before it asks for the next never gets an answer.
-    """
-
-    def __init__(self, backend: InMemoryBackend, need: int) -> None:
-        self.inner = pool(backend)
-        self.need = need
-        self.keys: set[int] = set()
-        self.held: list[bytes] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, datagram: bytes) -> list[bytes]:
-        with self.lock:
-            if len(self.keys) >= self.need:
-                return self.inner(datagram)
-            self.keys.add(KvpHeader.unpack(datagram).key)
-            self.held.append(datagram)
-            if len(self.keys) < self.need:
-                return []
-            held, self.held = self.held, []
-        return [reply for d in held for reply in self.inner(d)]
 
 
 def test_a_steps_chunks_are_fetched_together(model_dir: Path, switch: RefSwitchBridge) -> None:
