@@ -144,6 +144,17 @@ def _add_relief(rows: list[dict[str, Any]]) -> None:
             r["relief_vs_clean"] = r["relief"] / clean[r["mode"]]
 
 
+def _campaign_spec(n: int) -> ClusterSpec:
+    """The incast campaigns' cluster: ``n`` hosts at 200 Mbit/s, one pool node at 20 Mbit/s."""
+    return ClusterSpec(
+        n_hosts=n,
+        n_pools=1,
+        host_link=LinkSpec(bw_mbit=200),
+        pool_link=LinkSpec(bw_mbit=20),
+        tenants=(TENANT,),
+    )
+
+
 def run_campaign(
     faults: Sequence[tuple[str, str]],
     n: int,
@@ -174,13 +185,7 @@ def run_campaign(
         One row per (fault, mode, repeat), as described in the module docstring, with the
         multicast modes' relief where mode a ran too.
     """
-    spec = ClusterSpec(
-        n_hosts=n,
-        n_pools=1,
-        host_link=LinkSpec(bw_mbit=200),
-        pool_link=LinkSpec(bw_mbit=20),
-        tenants=(TENANT,),
-    )
+    spec = _campaign_spec(n)
     backend = "mooncake" if find_master_binary() else "memory"
     rows: list[dict[str, Any]] = []
     clean: dict[str, float] = {}
@@ -232,13 +237,7 @@ def run_incast_kill(n: int, progress: Callable[[str], None] = print) -> list[dic
     Returns:
         One row per point, as :func:`run_campaign`'s, under the fault ``switch killed``.
     """
-    spec = ClusterSpec(
-        n_hosts=n,
-        n_pools=1,
-        host_link=LinkSpec(bw_mbit=200),
-        pool_link=LinkSpec(bw_mbit=20),
-        tenants=(TENANT,),
-    )
+    spec = _campaign_spec(n)
     backend = "mooncake" if find_master_binary() else "memory"
     timers: list[threading.Timer] = []
 

@@ -60,9 +60,8 @@ static void meta_defaults(KvMeta *m) {
     m->hosts = 0;
 }
 
-static KvMeta *meta_new(PyObject *tenant, PyObject *size) {
-    KvMeta *m = PyObject_New(KvMeta, &KvMetaType);
-    if (m == NULL) return NULL;
+/* A new record's references and defaults (tenant, size, no parent). */
+static void meta_init(KvMeta *m, PyObject *tenant, PyObject *size) {
     Py_INCREF(tenant);
     Py_INCREF(size);
     Py_INCREF(Py_None);
@@ -70,6 +69,12 @@ static KvMeta *meta_new(PyObject *tenant, PyObject *size) {
     m->size = size;
     m->parent = Py_None;
     meta_defaults(m);
+}
+
+static KvMeta *meta_new(PyObject *tenant, PyObject *size) {
+    KvMeta *m = PyObject_New(KvMeta, &KvMetaType);
+    if (m == NULL) return NULL;
+    meta_init(m, tenant, size);
     return m;
 }
 
@@ -79,13 +84,7 @@ static PyObject *meta_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:KvMeta", kwlist, &tenant, &size)) return NULL;
     KvMeta *m = (KvMeta *)type->tp_alloc(type, 0);
     if (m == NULL) return NULL;
-    Py_INCREF(tenant);
-    Py_INCREF(size);
-    Py_INCREF(Py_None);
-    m->tenant = tenant;
-    m->size = size;
-    m->parent = Py_None;
-    meta_defaults(m);
+    meta_init(m, tenant, size);
     return (PyObject *)m;
 }
 
