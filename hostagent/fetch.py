@@ -122,9 +122,12 @@ MIN_RETRY_TIMEOUT_S = 0.01
 # quiet for QUIET_FACTOR times its mean fragment spacing (at least QUIET_MIN_S, at most the
 # stall time) takes the stream as ended and repairs the tail's losses at once: nothing after a
 # lost last fragment would tell it the stream went past it, and the stall is long (it must
-# outlast the leader's longest GET timeout).
+# outlast the leader's longest GET timeout). The floor is MIN_RETRY_TIMEOUT_S's: the leader, the
+# switch or the pool node may wait that long for a CPU, and a quiet spell taken for the end
+# costs a repair of every fragment still missing in the tail (at 5 ms, under load on the 2-CPU
+# emulation, followers re-asked 7-11 GETs' worth of a 32 KiB prefix the stream then brought).
 QUIET_FACTOR = 16
-QUIET_MIN_S = 0.005
+QUIET_MIN_S = MIN_RETRY_TIMEOUT_S
 # At the tail of a fetch no later GET can overtake a lost one: a first-try GET unanswered for
 # this many smoothed round trips plus four deviations (at least TAIL_PROBE_MIN_S) is sent again
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
@@ -336,6 +339,10 @@ class _State:
     started: float = 0.0
     answered: int = -1
     """The latest-sent GET of this fetch that has been answered (its offset from rid_base)."""
+    last_reply: float = 0.0
+    """When a reply to one of this fetch's GETs last arrived (0.0: none yet)."""
+    probe_at: float = 0.0
+    """When the fetch last sent a tail probe (0.0: never)."""
     fast_seen: int = -1
     fast_next: float = math.inf
     scan: int = 0
@@ -1251,31 +1258,46 @@ class FetchClient:
         self._release(st, rid, g, failed=True, fast=fast)
 
     def _tail_probe(self, st: _State, now: float, limit: int) -> float:
-        """Resends the tail's first-try GETs unanswered for TAIL_PROBE_SRTTS round trips.
+        """Probes the tail once the fetch has heard nothing for a probe time (TCP's TLP).
 
         At the tail (nothing below ``limit`` left to ask for) no later GET can overtake a lost
         one, so fast retransmit cannot see its loss, and the timeout's floor would cost the
-        whole fetch.
+        whole fetch. Once no reply has come for a probe time (TAIL_PROBE_SRTTS round trips
+        plus four deviations, counted from the later of a GET's send and the fetch's last
+        reply), the latest-sent first-try GET in flight is sent again: one probe per quiet
+        spell, as TCP sends one segment, not its window. Its answer either ends the fetch or
+        shows the earlier GETs lost (fast retransmit then releases them); if the probe goes
+        unanswered too, the timeouts decide. A stall anywhere on the path (a busy switch or
+        pool node, or replies queued behind each other on a slow link) thus costs at most one
+        duplicate answer per quiet spell; re-sending every GET whose probe time had passed
+        once sent a second copy of a small chunk whose whole window was in flight.
 
         Returns:
-            When the next in-flight GET's probe is due (inf: none).
+            When the next probe is due (inf: none).
         """
         if not st.srtt or st.frag.find(_MISSING, 0, min(limit, st.n)) >= 0:
             return math.inf
+        if st.probe_at and st.last_reply < st.probe_at:
+            return math.inf  # a probe is out and nothing has answered since: it decides
         pto = max(self.tail_probe_min_s, TAIL_PROBE_SRTTS * st.srtt + 4 * st.rttvar)
         if pto >= st.rto:
             return math.inf  # the timeout comes first
-        tries, due = st.tries, math.inf
-        for rid, g in list(st.inflight.items()):
+        tries, due, heard = st.tries, math.inf, st.last_reply
+        probe: tuple[int, _Get] | None = None
+        for rid, g in st.inflight.items():
             if tries.count(0, g[0], g[0] + g[1]) != g[1]:
                 continue
-            if now < g[3] + pto:
-                due = min(due, g[3] + pto)
-                continue
-            st.report.tail_probes += 1
-            self._give_up_get(st, rid, g, fast=True)
-            due = now  # send it again at once
-        return due
+            quiet_from = g[3] if g[3] > heard else heard
+            if now < quiet_from + pto:
+                due = min(due, quiet_from + pto)
+            elif probe is None or g[3] >= probe[1][3]:
+                probe = (rid, g)
+        if probe is None:
+            return due
+        st.report.tail_probes += 1
+        st.probe_at = now
+        self._give_up_get(st, probe[0], probe[1], fast=True)
+        return now  # send it again at once
 
     def _expire(self, st: _State, now: float) -> None:
         """Releases every GET whose deadline passed; sets ``next_check`` to the next one."""
@@ -1448,12 +1470,14 @@ class FetchClient:
                     self._release_or_give_up(st, rid, g, failed=True)
                 continue
             if g is not None:
-                self._sample_rtt(st, time.monotonic() - g[3])
+                st.last_reply = time.monotonic()
+                self._sample_rtt(st, st.last_reply - g[3])
                 off = (rid - st.rid_base) & 0xFFFFFFFF
                 if off > st.answered:
                     st.answered = off
             elif rid in st.late:
-                self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
+                st.last_reply = time.monotonic()
+                self._sample_rtt(st, st.last_reply - st.late.pop(rid))
             if new == 0:
                 report.duplicates += 1
             else:
@@ -1541,11 +1565,13 @@ class FetchClient:
                 self._release(st, rid, g, failed=True)
             return
         if g is not None:
-            self._sample_rtt(st, time.monotonic() - g[3])
+            st.last_reply = time.monotonic()
+            self._sample_rtt(st, st.last_reply - g[3])
             if off > st.answered:
                 st.answered = off
         elif rid in st.late:
-            self._sample_rtt(st, time.monotonic() - st.late.pop(rid))
+            st.last_reply = time.monotonic()
+            self._sample_rtt(st, st.last_reply - st.late.pop(rid))
         frag = st.frag
         if last == first + 1:
             new = 0 if frag[first] == _PRESENT else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 
@@ -150,6 +151,26 @@ class Dropping:
         if self.times.get(first, 0) > 0:
             self.times[first] -= 1
             return []
+        return self.inner(datagram)
+
+
+class Stalling:
+    """The pool, but it stalls once for ``stall_s`` before answering the ``at``-th GET.
+
+    As a pool node or switch that loses its CPU for a while: nothing is lost, the GETs wait in
+    the socket's queue and are all answered after the stall.
+    """
+
+    def __init__(self, backend: InMemoryBackend, at: int, stall_s: float) -> None:
+        self.inner = pool(backend)
+        self.at = at
+        self.stall_s = stall_s
+        self.seen = 0
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        self.seen += 1
+        if self.seen == self.at:
+            time.sleep(self.stall_s)
         return self.inner(datagram)
 
 

@@ -24,6 +24,7 @@ from tests.hostagent.fakes import (
     Mislabelling,
     Partial,
     Replicating,
+    Stalling,
     Switch,
     pool,
     silent,
@@ -204,6 +205,30 @@ def test_a_lost_get_at_the_tail_is_probed_before_its_timeout(backend: InMemoryBa
         report = client.fetch(TENANT, KEY, dst())
     assert report.ok
     assert report.timeouts == 0 and report.tail_probes >= 1
+
+
+def test_a_stalled_path_costs_one_tail_probe_not_the_window(backend: InMemoryBackend) -> None:
+    # The whole chunk's GETs (one fragment each) go out at once; the pool answers three, then
+    # stalls for 80 ms (a busy process) with the other 20 queued, then answers them all. The
+    # silence is a probe time many times over, but one probe tells as much as twenty: the
+    # rule that re-sent every GET whose probe time had passed sent 20 probes, which then timed
+    # out behind the stall as well (83 GETs for 23 fragments); now one probe goes out, and
+    # its retry timeouts (10 ms floor, doubled) add two or three more.
+    with (
+        FakeServer(Stalling(backend, at=4, stall_s=0.08)) as srv,
+        FetchClient(
+            srv.address, None, window=NFRAGS, frags_per_get=1, tail_probe_min_s=0.005,
+            **LONG_FIRST,
+        ) as client,
+    ):  # fmt: skip
+        out = dst()
+        report = client.fetch(TENANT, KEY, out)
+        time.sleep(0.05)  # the last re-sent GETs reach the server's count
+        received = srv.received
+    assert report.ok and as_bytes(out) == CHUNK
+    # One probe per quiet spell; a second only if the loaded machine paused the answers again.
+    assert 1 <= report.tail_probes <= 2
+    assert report.gets_sent == received <= NFRAGS + 6
 
 
 # Timing under which an old-style retry (waiting twice the first timeout) ends in DEADLINE: only a
