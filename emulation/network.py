@@ -131,6 +131,9 @@ class Cluster:
                 autoSetMacs=False,
                 build=True,
             )
+            # Before the switch starts: BMv2 reads its ports through libpcap, whose receive ring
+            # is sized from the MTU when it opens them, and would truncate larger frames.
+            self._set_mtu()
             self.net.start()
             for node in self.nodes.values():
                 self._configure_host(node)
@@ -175,6 +178,20 @@ class Cluster:
         return [n for n in self.nodes.values() if n.role == "pool"]
 
     # ------------------------------------------------------------------ setup
+    def _set_mtu(self) -> None:
+        """Gives both ends of every link the spec's MTU (a veth drops what exceeds it)."""
+        for link in self.net.links:
+            for intf in (link.intf1, link.intf2):
+                out = intf.node.cmd(f"ip link set dev {intf.name} mtu {self.spec.mtu}")
+                if out.strip():
+                    raise RuntimeError(f"cannot set MTU {self.spec.mtu} on {intf.name}: {out}")
+
+    def interface_mtu(self, node: str) -> int:
+        """The MTU the kernel reports for ``node``'s first interface (a host or the switch)."""
+        n = self.net.get(node)
+        intf = next(i for i in n.intfList() if i.name != "lo")
+        return int(n.cmd(f"cat /sys/class/net/{intf.name}/mtu").strip())
+
     def _configure_host(self, node: NodeAddr) -> None:
         h = self.host(node.name)
         h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")

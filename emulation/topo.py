@@ -18,6 +18,12 @@ from typing import Any
 from mininet.topo import Topo
 
 SWITCH_MAC = "02:00:00:00:00:fe"
+EMULATION_MTU = 9000
+"""IP MTU of every link of the emulated cluster by default: jumbo frames, as a GPU cluster's
+fabric runs them. SRAM hits stay one fragment per packet; a pool node's DATA carries 34
+fragments instead of 5 at 1500 bytes."""
+MIN_MTU = 576
+MAX_MTU = 9000
 SERVICE_IP = "10.0.100.1"
 HOST_PREFIX = "10.0.0."
 POOL_PREFIX = "10.0.1."
@@ -62,6 +68,8 @@ class ClusterSpec:
             where many inference nodes read one pool node's NIC.
         tenants: the tenants every GPU host's port is bound to, or None for any tenant; each
             host port is bound to its address either way, and unknown ports are denied.
+        mtu: IP MTU of every link (both ends of each veth), and the MTU the pool nodes and
+            agents the experiments start are told to fill.
     """
 
     n_hosts: int = 4
@@ -69,8 +77,11 @@ class ClusterSpec:
     host_link: LinkSpec = field(default_factory=lambda: LinkSpec(bw_mbit=200))
     pool_link: LinkSpec = field(default_factory=lambda: LinkSpec(bw_mbit=20))
     tenants: tuple[int, ...] | None = None
+    mtu: int = EMULATION_MTU
 
     def __post_init__(self) -> None:
+        if not MIN_MTU <= self.mtu <= MAX_MTU:
+            raise ValueError(f"mtu must be {MIN_MTU}..{MAX_MTU}, got {self.mtu}")
         if not 1 <= self.n_hosts <= 200:
             raise ValueError(f"n_hosts must be 1..200, got {self.n_hosts}")
         if not 1 <= self.n_pools <= 50:

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from emulation.switches import RefSwitch
-from emulation.topo import ClusterSpec, LinkSpec
+from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
 from experiments.incast import TENANT, PointResult, run_sweep
 from experiments.output import write_csv
 from poolnode.mooncake import find_master_binary
@@ -144,7 +144,7 @@ def _add_relief(rows: list[dict[str, Any]]) -> None:
             r["relief_vs_clean"] = r["relief"] / clean[r["mode"]]
 
 
-def _campaign_spec(n: int) -> ClusterSpec:
+def _campaign_spec(n: int, mtu: int = EMULATION_MTU) -> ClusterSpec:
     """The incast campaigns' cluster: ``n`` hosts at 200 Mbit/s, one pool node at 20 Mbit/s."""
     return ClusterSpec(
         n_hosts=n,
@@ -152,6 +152,7 @@ def _campaign_spec(n: int) -> ClusterSpec:
         host_link=LinkSpec(bw_mbit=200),
         pool_link=LinkSpec(bw_mbit=20),
         tenants=(TENANT,),
+        mtu=mtu,
     )
 
 
@@ -164,6 +165,7 @@ def run_campaign(
     modes: Sequence[str] = MODES,
     repeats: int = 1,
     host_records: list[dict[str, Any]] | None = None,
+    mtu: int = EMULATION_MTU,
 ) -> list[dict[str, Any]]:
     """Runs ``modes`` (default a-d) at ``n`` hosts under each fault; the first must be ``none``.
 
@@ -180,12 +182,13 @@ def run_campaign(
         repeats: runs per (fault, mode).
         host_records: where to append each point's summary with its hosts' records (the
             agents' JSON lines), for a closer look.
+        mtu: the cluster's MTU.
 
     Returns:
         One row per (fault, mode, repeat), as described in the module docstring, with the
         multicast modes' relief where mode a ran too.
     """
-    spec = _campaign_spec(n)
+    spec = _campaign_spec(n, mtu)
     backend = "mooncake" if find_master_binary() else "memory"
     rows: list[dict[str, Any]] = []
     clean: dict[str, float] = {}
@@ -228,7 +231,9 @@ KILL_AFTER_S = 0.5
 1 s on the 20 Mbit/s pool link, so 0.5 s after the point starts its fetches are in flight."""
 
 
-def run_incast_kill(n: int, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_incast_kill(
+    n: int, progress: Callable[[str], None] = print, mtu: int = EMULATION_MTU
+) -> list[dict[str, Any]]:
     """Modes a and c twice each; the switch is killed (SIGKILL) during the first point's fetches.
 
     The sweep finds it dead after that point, starts it again and re-programs it (the incast's
@@ -237,7 +242,7 @@ def run_incast_kill(n: int, progress: Callable[[str], None] = print) -> list[dic
     Returns:
         One row per point, as :func:`run_campaign`'s, under the fault ``switch killed``.
     """
-    spec = _campaign_spec(n)
+    spec = _campaign_spec(n, mtu)
     backend = "mooncake" if find_master_binary() else "memory"
     timers: list[threading.Timer] = []
 
@@ -546,6 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/faults"))
     ap.add_argument("--n", type=int, default=4, help="hosts")
     ap.add_argument("--prefix-kib", type=int, default=128)
+    ap.add_argument(
+        "--mtu",
+        type=int,
+        default=EMULATION_MTU,
+        help="the incast campaigns' link MTU (1500: the runs before jumbo frames were the default)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="the impairment stage's seed")
     ap.add_argument(
         "--runs",
@@ -614,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 modes=modes,
                 repeats=args.repeats,
                 host_records=host_records,
+                mtu=args.mtu,
             )
             title = (
                 f"Incast under faults: N={n}, {kib} KiB prefix, faults injected by the reference "
@@ -632,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown component(s) {sorted(unknown)}")
     if args.restarts != "off" and "incast-kill" in parts:
-        kill_rows = run_incast_kill(n)
+        kill_rows = run_incast_kill(n, mtu=args.mtu)
         write_csv(args.out / "switch-kill.csv", kill_rows)
         tables.append(
             format_rows(

@@ -63,7 +63,7 @@ from typing import Any
 
 from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
-from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
+from emulation.topo import EMULATION_MTU, SERVICE_IP, ClusterSpec, LinkSpec
 from experiments.output import pyplot, write_csv
 from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
@@ -72,6 +72,7 @@ from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.p4rt_client import P4RuntimeClientError
 from poolnode.mooncake import find_master_binary
+from poolnode.server import frags_per_data
 
 TENANT = 7
 SEED = 20261122
@@ -216,7 +217,6 @@ _EVENT_NAMES = {
 
 
 WINDOW = 32  # GETs each agent keeps outstanding
-POOL_FRAGS_PER_DATA = 5  # what a pool node packs into one DATA at a 1500-byte MTU
 SWITCH_QUEUE_FRAMES = 64  # BMv2 simple_switch's egress queue per port, in packets
 
 
@@ -245,7 +245,7 @@ def agent_window(mode: Mode, n: int, window: int = WINDOW) -> int:
 
 
 def get_timeouts(
-    mode: Mode, n: int, pool_mbit: float | None, window: int = WINDOW
+    mode: Mode, n: int, pool_mbit: float | None, window: int = WINDOW, mtu: int = EMULATION_MTU
 ) -> tuple[float, float]:
     """First and largest GET timeout for the agents of one point.
 
@@ -261,6 +261,7 @@ def get_timeouts(
         n: hosts fetching.
         pool_mbit: pool link rate (None: unshaped).
         window: the most GETs one agent keeps outstanding.
+        mtu: the links' MTU: a GET to the pool asks for as many fragments as one DATA carries.
 
     Returns:
         (first timeout, largest timeout) in seconds.
@@ -269,7 +270,7 @@ def get_timeouts(
         return 0.1, 1.0
     requesters = pool_requesters(mode, n)
     frames = requesters * agent_window(mode, n, window)
-    in_flight = frames * POOL_FRAGS_PER_DATA * (c.FRAG_BYTES + c.KVP_HDR_BYTES)
+    in_flight = frames * frags_per_data(mtu) * (c.FRAG_BYTES + c.KVP_HDR_BYTES)
     first = max(0.1, 2.5 * in_flight * 8 / (pool_mbit * 1e6))
     return first, 4 * first
 
@@ -285,6 +286,7 @@ def _agent_cmd(
     timeout: float,
     timeouts: tuple[float, float],
     window: int,
+    mtu: int,
 ) -> list[str]:
     if mode.group:
         agent_mode = role
@@ -315,6 +317,8 @@ def _agent_cmd(
         str(AGENT_PORT),
         "--window",
         str(window),
+        "--mtu",
+        str(mtu),
         "--get-timeout",
         f"{timeouts[0]:.3f}",
         "--max-get-timeout",
@@ -489,7 +493,7 @@ def run_point(
     tx0, ev0 = _pool_tx_bytes(cluster), _event_counters(cluster)
     result = PointResult(mode.name, n, nbytes, repeat=repeat)
     pool_mbit = cluster.spec.pool_link.bw_mbit
-    timeouts = get_timeouts(mode, n, pool_mbit, window)
+    timeouts = get_timeouts(mode, n, pool_mbit, window, cluster.spec.mtu)
     if pool_mbit is not None and mode.via == "pool":
         # Never cut off a fetch that is merely queued: three times the pool link's drain time.
         drain = pool_requesters(mode, n) * nbytes * 1.1 * 8 / (pool_mbit * 1e6)
@@ -509,6 +513,7 @@ def run_point(
             timeout,
             timeouts,
             agent_window(mode, n, window),
+            cluster.spec.mtu,
         )
     records = agents.run(lines, timeout + 30)
     for i, (name, rec) in enumerate(records.items()):
@@ -589,7 +594,10 @@ def run_sweep(
                 for s in sizes
                 for arg in ("--preload", f"{TENANT}:{replica_key(keys[s], j):#x}:{s}:{SEED}")
             ]
-            pool_cmd = [sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT), *preload]
+            pool_cmd = [
+                sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT),
+                "--mtu", str(spec.mtu), *preload,
+            ]  # fmt: skip
             if pool_backend == "mooncake":
                 pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
             else:
@@ -896,6 +904,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--pool-mbit", type=float, default=2.0, help="pool link rate (see docs)")
     ap.add_argument("--host-mbit", type=float, default=20.0, help="GPU host link rate")
+    ap.add_argument(
+        "--mtu",
+        type=int,
+        default=EMULATION_MTU,
+        help="IP MTU of every link, the pool nodes' DATA and the agents' GETs (1500: the runs "
+        "before jumbo frames became the default)",
+    )
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
     ap.add_argument(
         "--pool-backend",
@@ -926,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         host_link=LinkSpec(bw_mbit=args.host_mbit),
         pool_link=LinkSpec(bw_mbit=args.pool_mbit),
         tenants=(TENANT,),
+        mtu=args.mtu,
     )
     pool_backend = args.pool_backend
     if pool_backend == "auto":
@@ -935,8 +951,8 @@ def main(argv: list[str] | None = None) -> int:
     setup = (
         f"N-to-1 incast on Mininet: switch {switch_cls.kind} ({target[switch_cls.kind]}), "
         f"{spec.n_pools} pool node(s) on {pool_backend}, pool links {args.pool_mbit:g} Mbit/s, "
-        f"host links {args.host_mbit:g} Mbit/s, prefix {kib} KiB in {c.FRAG_BYTES}-byte "
-        f"fragments, {args.repeats} repeat(s)"
+        f"host links {args.host_mbit:g} Mbit/s, MTU {spec.mtu}, prefix {kib} KiB in "
+        f"{c.FRAG_BYTES}-byte fragments, {args.repeats} repeat(s)"
     )
     print(f"incast: {setup}; N={ns} modes={','.join(modes)}", flush=True)
     t0 = time.monotonic()

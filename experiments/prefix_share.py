@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from emulation.switches import RefSwitch
-from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
+from emulation.topo import EMULATION_MTU, SERVICE_IP, ClusterSpec, LinkSpec
 from hostagent.chunkkeys import ChunkKeyer
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
@@ -91,12 +91,13 @@ def produce(master: str, my_ip: str) -> dict[str, Any]:
     }
 
 
-def consume(service: str, pool: str) -> dict[str, Any]:
+def consume(service: str, pool: str, mtu: int = EMULATION_MTU) -> dict[str, Any]:
     """Fetches the prompt's longest available prefix from the network and checks it.
 
     Args:
         service: the switch's service address.
         pool: the pool node's address (the direct fallback).
+        mtu: the link's IP MTU (what a GET to the pool asks one DATA to carry).
 
     Returns:
         Blocks and tokens fetched, where they came from, and whether each block is the
@@ -107,7 +108,7 @@ def consume(service: str, pool: str) -> dict[str, Any]:
 
     port = c.KVP_UDP_PORT
     with FetchClient(
-        (service, port), (pool, port), timeout_s=0.2, max_timeout_s=1.0, deadline_s=30.0
+        (service, port), (pool, port), timeout_s=0.2, max_timeout_s=1.0, deadline_s=30.0, mtu=mtu
     ) as client:
         result = PrefixFetcher(client, LAYOUT, KEYER, TENANT).fetch_prefix(PROMPT)
     return {
@@ -160,6 +161,7 @@ def run(n_hosts: int = 3, timeout_s: float = 180.0) -> list[dict[str, Any]]:
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
             "--local-hostname", pool.ip, "--segment-mib", "64", "--port", str(c.KVP_UDP_PORT),
+            "--mtu", str(spec.mtu),
         ]  # fmt: skip
         ready = r"poolnode listening .*master=(\S+)"
         with cluster.serve(pool.name, pool_cmd, ready, timeout_s, cwd=REPO) as listening:
@@ -174,7 +176,10 @@ def run(n_hosts: int = 3, timeout_s: float = 180.0) -> list[dict[str, Any]]:
 
             records.append(step(hosts[0].name, "produce", master, hosts[0].ip))
             for h in hosts[1:]:
-                records.append({**step(h.name, "consume", SERVICE_IP, pool.ip), "host": h.name})
+                records.append(
+                    {**step(h.name, "consume", SERVICE_IP, pool.ip, f"--mtu={spec.mtu}"),
+                     "host": h.name}
+                )  # fmt: skip
     return records
 
 
@@ -188,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("consume", help="(in a host's namespace) fetch the prompt's prefix")
     q.add_argument("service")
     q.add_argument("pool")
+    q.add_argument("--mtu", type=int, default=EMULATION_MTU, help="IP MTU of the host's link")
     ap.add_argument("--hosts", type=int, default=3)
     args = ap.parse_args(argv)
     if args.command == "produce":
         print(json.dumps(produce(args.master, args.my_ip)), flush=True)
         return 0
     if args.command == "consume":
-        print(json.dumps(consume(args.service, args.pool)), flush=True)
+        print(json.dumps(consume(args.service, args.pool, args.mtu)), flush=True)
         return 0
     records = run(args.hosts)
     for rec in records:

@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.reports import AccessReport, ReportClient
 from experiments.output import pyplot, write_csv
 from kvcast import p4constants as c
+from poolnode.server import DEFAULT_MTU
 
 if TYPE_CHECKING:
     from emulation.network import Cluster
@@ -200,6 +201,7 @@ def agent_main(argv: Sequence[str]) -> int:
     ap.add_argument("--get-timeout", type=float, default=0.2)
     ap.add_argument("--max-get-timeout", type=float, default=1.0)
     ap.add_argument("--deadline", type=float, default=30.0)
+    ap.add_argument("--mtu", type=int, default=DEFAULT_MTU, help="IP MTU of the host's link")
     args = ap.parse_args(argv)
 
     import torch
@@ -215,6 +217,7 @@ def agent_main(argv: Sequence[str]) -> int:
             max_timeout_s=max(args.get_timeout, args.max_get_timeout),
             max_retries=3,
             deadline_s=args.deadline,
+            mtu=args.mtu,
         )
     except (OSError, ValueError) as exc:
         print(f"agent {args.name}: cannot start: {exc}", file=sys.stderr, flush=True)
@@ -1129,7 +1132,7 @@ def run_replay(
                 sys.executable, "-m", "experiments.trace_replay", "agent",
                 "--name", h.name, "--service", SERVICE_IP, "--pool", pool.ip,
                 "--report-url", f"http://{mgmt.root_ip[h.name]}:{report_port}",
-                "--block-bytes", str(block_bytes),
+                "--block-bytes", str(block_bytes), "--mtu", str(cluster.spec.mtu),
             ]  # fmt: skip
             proc = stack.enter_context(
                 cluster.popen(
@@ -1327,7 +1330,7 @@ def run_experiment(
         store = ["--start-master", "--segment-mib", "64"] if pool_backend == "mooncake" else []
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", pool_backend, *store,
-            "--port", str(c.KVP_UDP_PORT), "--cache-mib", "0",
+            "--port", str(c.KVP_UDP_PORT), "--cache-mib", "0", "--mtu", str(spec.mtu),
             *[a for k in blocks for a in ("--preload", f"{TENANT}:{k:#x}:{block_bytes}:{SEED}")],
         ]  # fmt: skip
         pool_node = PoolProcess(cluster, pool.name, pool_cmd)

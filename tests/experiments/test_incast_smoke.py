@@ -16,7 +16,9 @@ import shutil
 import pytest
 
 from emulation.switches import RefSwitch
-from emulation.topo import ClusterSpec, LinkSpec
+from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
+from kvcast import p4constants as c
+from poolnode.server import frags_per_data
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -64,6 +66,14 @@ def test_pool_unicast_sends_the_prefix_once_per_host(results: dict) -> None:
 def test_pool_multicast_sends_the_prefix_once_in_all(results: dict) -> None:
     assert PREFIX <= results["b"].pool_tx_bytes < PREFIX * 1.3
     assert results["b"].counters["data_mcast"] > 0
+
+
+def test_pool_data_fill_the_jumbo_mtu(results: dict) -> None:
+    # The cluster runs 9000-byte links: a pool node's DATA carries 34 fragments, so the 128
+    # fragments of the prefix take 4 DATAs per host in mode a (26 at a 1500-byte MTU).
+    per_host = -(-PREFIX // c.FRAG_BYTES // frags_per_data(EMULATION_MTU))
+    assert per_host == 4
+    assert N * per_host <= results["a"].counters["data_unicast"] < 2 * N * per_host
 
 
 def test_sram_modes_take_nothing_from_the_pool(results: dict) -> None:
