@@ -343,6 +343,10 @@ class _State:
     """When a reply to one of this fetch's GETs last arrived (0.0: none yet)."""
     probe_at: float = 0.0
     """When the fetch last sent a tail probe (0.0: never)."""
+    probed: set[int] = field(default_factory=set)
+    """First fragments of tail probes not sent yet."""
+    probe_rid: int = -1
+    """Request id of the tail probe in flight (-1: none)."""
     fast_seen: int = -1
     fast_next: float = math.inf
     scan: int = 0
@@ -1106,6 +1110,9 @@ class FetchClient:
                 # its failures (timeouts, CRC failures, NACKs), not its fast re-sends
                 fails = t - fast[i]
                 due = now + (rrto if fails <= 1 else min(rto0 * (1 << fails), rto_max))
+            if st.probed and i in st.probed:  # a tail probe: see _expire
+                st.probed.discard(i)
+                st.probe_rid = rid
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
                 next_check = due
@@ -1296,15 +1303,27 @@ class FetchClient:
             return due
         st.report.tail_probes += 1
         st.probe_at = now
+        st.probed.add(probe[1][0])
         self._give_up_get(st, probe[0], probe[1], fast=True)
         return now  # send it again at once
 
     def _expire(self, st: _State, now: float) -> None:
-        """Releases every GET whose deadline passed; sets ``next_check`` to the next one."""
+        """Releases every GET whose deadline passed; sets ``next_check`` to the next one.
+
+        A tail probe's timeout (a retry's, short) is put off while GETs sent before it are
+        unanswered: a path answers in order, so the probe's answer comes after theirs. When
+        the probe went out because a slow link's first replies came in a burst and the next
+        one took longer (a token bucket: jumbo DATAs on the emulation's 2 Mbit/s pool link),
+        its own short timeout otherwise expired twice behind the queue, each a duplicate
+        DATA; a probe sent when nothing else is unanswered (its GET lost) is timed as before.
+        """
         inflight = st.inflight
         next_check = math.inf
         for rid, g in list(inflight.items()):
             if g[2] > now:
+                next_check = min(next_check, g[2])
+            elif rid == st.probe_rid and any(h[3] < g[3] for h in inflight.values()):
+                inflight[rid] = g = (g[0], g[1], now + (g[2] - g[3]), g[3])
                 next_check = min(next_check, g[2])
             elif inflight.pop(rid, None) is not None:  # else gone with a path change
                 st.report.timeouts += 1
