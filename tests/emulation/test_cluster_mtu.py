@@ -9,13 +9,12 @@ installed.
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 
 import pytest
 
 from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
+from tests.mininet_env import MININET_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -38,14 +37,6 @@ SENDER = (
 )
 
 
-def _skip_reason() -> str:
-    if os.geteuid() != 0:
-        return "Mininet needs root (network namespaces, veth, tc)"
-    if shutil.which("mnexec") is None:
-        return "Mininet not installed: mnexec not found (make setup installs it)"
-    return ""
-
-
 def test_the_default_mtu_is_jumbo_and_bounded() -> None:
     assert ClusterSpec().mtu == EMULATION_MTU == 9000
     with pytest.raises(ValueError, match="mtu"):
@@ -54,7 +45,7 @@ def test_the_default_mtu_is_jumbo_and_bounded() -> None:
         ClusterSpec(mtu=500)
 
 
-@pytest.mark.skipif(bool(_skip_reason()), reason=_skip_reason() or "runs")
+@pytest.mark.skipif(bool(MININET_MISSING), reason=MININET_MISSING or "runs")
 @pytest.mark.parametrize("kind", ["refswitch", "bmv2"])
 def test_a_datagram_filling_the_mtu_crosses_the_switch_whole(kind: str) -> None:
     import zlib

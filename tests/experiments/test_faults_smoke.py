@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from refswitch.impair import Impairment, ImpairSpec
+from tests.mininet_env import MININET_MISSING
 
 
 def test_impairment_specs_parse_and_refuse_nonsense() -> None:
@@ -94,10 +93,8 @@ def test_jitter_delays_each_frame_within_its_bound_and_loses_none() -> None:
 # the trace replay under loss); the suite's 300 s would leave a loaded machine no margin.
 @pytest.mark.timeout(900)
 def test_quick_campaign_completes_every_fetch_with_the_right_bytes(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("Mininet needs root (network namespaces, veth, tc)")
-    if shutil.which("mnexec") is None:
-        pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
     from experiments.faults import main
 
     assert main(["--quick", "--out", str(tmp_path)]) == 0

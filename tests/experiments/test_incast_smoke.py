@@ -10,15 +10,13 @@ repeats.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
 from emulation.switches import RefSwitch
 from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
 from kvcast import p4constants as c
 from poolnode.server import frags_per_data
+from tests.mininet_env import MININET_MISSING
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -29,10 +27,8 @@ PREFIX = 32 * 1024
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, object]:
-    if os.geteuid() != 0:
-        pytest.skip("Mininet needs root (network namespaces, veth, tc)")
-    if shutil.which("mnexec") is None:
-        pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
     from experiments.incast import TENANT, run_sweep
 
     # Host ports bound to their address and the experiment's tenant, as `make demo` runs it.
@@ -105,8 +101,8 @@ def test_rows_name_hosts_by_mininet_name_and_keep_the_role(results: dict) -> Non
 
 
 def test_a_switch_that_dies_mid_sweep_fails_its_points_not_the_sweep(monkeypatch) -> None:
-    if os.geteuid() != 0 or shutil.which("mnexec") is None:
-        pytest.skip("Mininet needs root and mnexec (make setup installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
     import experiments.incast as incast
 
     clusters: list[object] = []

@@ -9,21 +9,17 @@ reads Mooncake Store), every block CRC-checked and byte-identical to host 1's.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
+from tests.mininet_env import MININET_MISSING
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 def test_a_prefix_one_host_publishes_reaches_the_others_through_switch_and_mooncake() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("Mininet needs root (network namespaces, veth, tc)")
-    if shutil.which("mnexec") is None:
-        pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
     if MOONCAKE_MISSING:
         pytest.skip(MOONCAKE_MISSING)
     from experiments.prefix_share import KEYER, PROMPT, run

@@ -8,13 +8,12 @@ watches (dry run); every fetched block arrives complete and verified in both run
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 import pytest
 
 from emulation.switches import RefSwitch
+from tests.mininet_env import MININET_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -25,10 +24,8 @@ Summaries = dict[str, dict[str, Any]]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Summaries:
-    if os.geteuid() != 0:
-        pytest.skip("Mininet needs root (network namespaces, veth, tc)")
-    if shutil.which("mnexec") is None:
-        pytest.skip("Mininet not installed: mnexec not found (make setup installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
     from experiments.trace_replay import plan_requests, run_experiment
 
     trace = tmp_path_factory.mktemp("trace") / "shared.jsonl"

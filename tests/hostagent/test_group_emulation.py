@@ -10,9 +10,7 @@ bytes and counters, never on times.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,18 +21,11 @@ import pytest
 from emulation.targets import REPO
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from tests.mininet_env import MININET_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 TENANT, KEY, NBYTES, SEED, GROUP = 7, 0x6E0C0DE, 48 * 1024, 21, 5
-
-
-def _skip_reason() -> str:
-    if os.geteuid() != 0:
-        return "Mininet needs root (network namespaces, veth, tc)"
-    if shutil.which("mnexec") is None:
-        return "Mininet not installed: mnexec not found (make setup installs it)"
-    return ""
 
 
 def _agent(name: str, mode: str, *extra: str) -> list[str]:
@@ -54,7 +45,7 @@ def _wait_line(stream: Any, pattern: str) -> str:
     raise AssertionError(f"process ended before printing {pattern!r}")
 
 
-@pytest.mark.skipif(bool(_skip_reason()), reason=_skip_reason() or "runs")
+@pytest.mark.skipif(bool(MININET_MISSING), reason=MININET_MISSING or "runs")
 def test_leader_and_follower_through_the_reference_switch_both_verify(tmp_path: Path) -> None:
     from emulation.network import Cluster
     from emulation.switches import RefSwitch
