@@ -306,7 +306,7 @@ class KvcastPolicy(CachePolicy):
             by this (1: the plain decayed sum; below 1 the score leans towards the last
             access, as LRU does; a grid point of the leave-one-family-out evaluation).
         shadow_rankings: keep three scores per chunk (this one; recency: the last access
-            only, no learned weight; long memory: a 4x slower decay) and rank by the one whose
+            only, no learned weight; long memory: a 2x slower decay) and rank by the one whose
             ghost cache has had significantly more hits lately (ghosts run on a hashed
             sample of the prefix chains). Batches then go through the Python record path.
         shadow_sample_chunks: about how many chunks each ghost cache holds (the sample rate
