@@ -43,6 +43,12 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   costs SRAM WRITE packets through the switch CPU port and table churn, and the counts it
   compares are noisy (a Poisson count n has relative noise 1/sqrt(n): 25 % at n = 16), so
   near-ties must not swap chunks back and forth.
+* Shadow rankings (``shadow_rankings``, off by default): three scores per chunk (the one
+  above; recency: the last access only; long memory: a 2x slower decay), each run as a ghost
+  cache on a hashed sample of prefix-chain segments; the policy ranks by the variant whose
+  ghost has had significantly more hits lately. Memoryless chat sessions want recency, the
+  conversation trace a longer memory, and no fixed setting serves both. Python record path
+  only (no C step yet).
 * Value recovery: an evicted chunk whose current score is at least ``demote_threshold`` (about
   one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
 
