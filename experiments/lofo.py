@@ -81,6 +81,7 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
         {"hysteresis": 1.0, "gap_factor": 3.0},
         {"repeat_host_weight": 1.0},
         {"history_weight": 0.5},
+        {"shadow_rankings": True},
     ],
     "wtinylfu": [{}, {"window_fraction": 0.05}, {"window_fraction": 0.2}],
     "lfu": [{}],

@@ -43,6 +43,12 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   costs SRAM WRITE packets through the switch CPU port and table churn, and the counts it
   compares are noisy (a Poisson count n has relative noise 1/sqrt(n): 25 % at n = 16), so
   near-ties must not swap chunks back and forth.
+* Shadow rankings (``shadow_rankings``, off by default): three scores per chunk (the one
+  above; recency: the last access only; long memory: a 2x slower decay), each run as a ghost
+  cache on a hashed sample of prefix-chain segments; the policy ranks by the variant whose
+  ghost has had significantly more hits lately. Memoryless chat sessions want recency, the
+  conversation trace a longer memory, and no fixed setting serves both. Python record path
+  only (no C step yet).
 * Value recovery: an evicted chunk whose current score is at least ``demote_threshold`` (about
   one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
 
@@ -120,8 +126,11 @@ class _Meta:
         "parent",
         "position",
         "pri",
+        "root",
         "size",
         "tenant",
+        "vlogs",
+        "vpri",
     )
 
     def __init__(self, tenant: int, size: int) -> None:
@@ -136,6 +145,144 @@ class _Meta:
         self.hosts = 0
         self.count = 0
         self.cls = -1
+        self.root = 0  # the first block of its segment of the prefix chain (shadow sample)
+        self.vlogs: list[float] = []  # logs and pri under each variant (shadow rankings)
+        self.vpri: list[float] = []
+
+
+_HASH_MUL = 0x9E3779B97F4A7C15
+_M64 = (1 << 64) - 1
+_SAMPLE_BITS = 24
+_SAMPLE_ONE = 1 << _SAMPLE_BITS
+
+_SEGMENT = 16
+"""The shadow sample takes prefix chains in segments of this many blocks (by position)."""
+
+_VARIANTS = ("default", "recency", "long-memory")
+"""The scoring variants the shadow rankings choose among (``shadow_rankings=True``)."""
+
+_LONG_MEMORY = 2.0
+"""The long-memory variant decays this many times slower than the default."""
+
+
+class _Ghost:
+    """One scoring variant's ghost cache on the sampled keys: residents and an eviction heap."""
+
+    __slots__ = ("heap", "res", "seq", "used")
+
+    def __init__(self) -> None:
+        self.res: dict[int, tuple[int, int]] = {}  # resident key -> (live heap seq, size)
+        self.heap: list[tuple[float, int, int, int]] = []  # (pri, -position, seq, key)
+        self.seq = 0
+        self.used = 0
+
+
+class _Shadows:
+    """Ghost caches of the scoring variants on a spatially hashed sample of the prefix chains.
+
+    Sampling (SHARDS-style): a block is in the sample when the top 24 bits of ``root *
+    _HASH_MUL`` are below ``threshold``, ``root`` being the first block of its 16-block
+    segment of the prefix chain; every access of a sampled block is seen, and parent and child
+    are sampled together inside a segment, so the ghosts see prefix structure. The rate is
+    chosen so that a ghost holds about ``sample_chunks`` chunks (every block below that). Each
+    variant keeps the sampled blocks it ranks best (its own prefix-clamped score, kept by the
+    policy for every tracked block) in ``capacity`` bytes, the budget scaled by the sample
+    rate, with the policy's hysteresis, admitting a block only under a resident parent and
+    never evicting the parent of the newcomer. A ghost hit is a resident block whose sampled
+    parent is resident too. ``wins[i][j]`` counts, with exponential decay over a window, the
+    sampled accesses variant i hit and variant j missed; ``current`` moves to a variant whose
+    lead over it is significant: ``wins - losses > z sqrt(wins + losses) + 4``.
+    """
+
+    def __init__(
+        self, capacity: int, size: int, n: int, log_margin: float, sample_chunks: int, z: float
+    ) -> None:
+        chunks = max(capacity // size, 1)
+        self.threshold = min(_SAMPLE_ONE, -(-(sample_chunks * _SAMPLE_ONE) // chunks))
+        self.capacity = capacity * self.threshold // _SAMPLE_ONE
+        sampled_chunks = max(self.capacity // size, 1)
+        self.keep = 1.0 - 1.0 / min(max(16 * sampled_chunks, 4096), 1 << 16)
+        self.ghosts = [_Ghost() for _ in range(n)]
+        self.wins = [[0.0] * n for _ in range(n)]
+        self.log_margin = log_margin
+        self.z = z
+        self.current = 0
+        self.switches = 0
+
+    def sampled(self, root: int) -> bool:
+        """Whether the blocks of the segment that starts at ``root`` are in the sample."""
+        return ((root * _HASH_MUL) & _M64) >> (64 - _SAMPLE_BITS) < self.threshold
+
+    def step(
+        self,
+        key: int,
+        size: int,
+        parent: int | None,
+        position: int,
+        pris: list[float],
+    ) -> None:
+        """One sampled access to every ghost, then the choice of the variant.
+
+        Args:
+            key: the block.
+            size: its bytes.
+            parent: its parent if sampled too, else None.
+            position: its depth in the chain (ties evict the deeper block).
+            pris: its prefix-clamped score under each variant after this access.
+        """
+        hit = []
+        for g, pri in zip(self.ghosts, pris, strict=True):
+            g.seq += 1
+            if key in g.res:
+                hit.append(parent is None or parent in g.res)
+                g.res[key] = (g.seq, size)
+                heapq.heappush(g.heap, (pri, -position, g.seq, key))
+                continue
+            hit.append(False)
+            if size <= self.capacity and (parent is None or parent in g.res):
+                self._offer(g, key, size, pri, position, parent)
+        keep = self.keep
+        for i, row in enumerate(self.wins):
+            hi = hit[i]
+            for j in range(len(row)):
+                row[j] = row[j] * keep + (1.0 if hi and not hit[j] else 0.0)
+        c = self.current
+        best, margin = c, 0.0
+        for i, row in enumerate(self.wins):
+            if i != c:
+                won, lost = row[c], self.wins[c][i]
+                lead = won - lost - self.z * math.sqrt(won + lost) - 4.0
+                if lead > margin:
+                    best, margin = i, lead
+        if best != c:
+            self.current = best
+            self.switches += 1
+
+    def _offer(
+        self, g: _Ghost, key: int, size: int, pri: float, position: int, parent: int | None
+    ) -> None:
+        """Admit a block if it outranks (with hysteresis) what it must displace."""
+        popped: list[tuple[float, int, int, int]] = []
+        free = self.capacity - g.used
+        while free < size:
+            e = heapq.heappop(g.heap)
+            r = g.res.get(e[3])
+            if r is None or r[0] != e[2]:
+                continue  # stale
+            popped.append(e)
+            if e[0] + self.log_margin >= pri or e[3] == parent:
+                for p in popped:
+                    heapq.heappush(g.heap, p)
+                return
+            free += r[1]
+        for e in popped:
+            g.used -= g.res.pop(e[3])[1]
+        g.res[key] = (g.seq, size)
+        g.used += size
+        heapq.heappush(g.heap, (pri, -position, g.seq, key))
+        if len(g.heap) > 4 * len(g.res) + 1024:
+            g.heap = [e for e in g.heap if g.res.get(e[3], (-1, 0))[0] == e[2]]
+            heapq.heapify(g.heap)
 
 
 @register_policy("kvcast")
@@ -164,6 +311,13 @@ class KvcastPolicy(CachePolicy):
         history_weight: at each access the decayed sum of the earlier ones is first multiplied
             by this (1: the plain decayed sum; below 1 the score leans towards the last
             access, as LRU does; a grid point of the leave-one-family-out evaluation).
+        shadow_rankings: keep three scores per chunk (this one; recency: the last access
+            only, no learned weight; long memory: a 2x slower decay) and rank by the one whose
+            ghost cache has had significantly more hits lately (ghosts run on a hashed
+            sample of the prefix chains). Batches then go through the Python record path.
+        shadow_sample_chunks: about how many chunks each ghost cache holds (the sample rate
+            is this over the budget in chunks, at most 1).
+        shadow_z: how many standard deviations a variant's lead in ghost hits must reach.
 
     Raises:
         PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
@@ -187,6 +341,9 @@ class KvcastPolicy(CachePolicy):
         learned_weights: bool = True,
         native: bool = True,
         history_weight: float = 1.0,
+        shadow_rankings: bool = False,
+        shadow_sample_chunks: int = 8192,
+        shadow_z: float = 3.0,
     ) -> None:
         super().__init__(capacity_bytes, demote_threshold=demote_threshold)
         if half_life_s is not None and not half_life_s > 0:
@@ -209,6 +366,23 @@ class KvcastPolicy(CachePolicy):
         if not 0 < history_weight <= 1:
             raise PolicyConfigError(f"history_weight must be in (0, 1], got {history_weight}")
         self._log_history = math.log2(history_weight)
+        if shadow_sample_chunks < 16:
+            raise PolicyConfigError(
+                f"shadow_sample_chunks must be >= 16, got {shadow_sample_chunks}"
+            )
+        if not shadow_z >= 0:
+            raise PolicyConfigError(f"shadow_z must be >= 0, got {shadow_z}")
+        # (log2 history weight, learned weight in the score, decay divisor) per variant
+        self._variants = [
+            (self._log_history, learned_weights, 1.0),
+            (_NEG_INF, False, 1.0),
+            (self._log_history, learned_weights, _LONG_MEMORY),
+        ]
+        self._shadow_on = shadow_rankings
+        self._shadow_chunks = shadow_sample_chunks
+        self._shadow_z = shadow_z
+        self._shadow: _Shadows | None = None
+        self._mult = 1.0  # the current variant's decay divisor
         self._adaptive = half_life_s is None
         self._half_life = float(initial_half_life_s if half_life_s is None else half_life_s)
         self._gap_factor = float(gap_factor)
@@ -235,7 +409,7 @@ class KvcastPolicy(CachePolicy):
         self._cls_entries = [1.0] * _N_CLASSES
         self._cls_reuses = [0.5] * _N_CLASSES
         self._cls_samples = 0
-        self._ext = native_record() if native else None
+        self._ext = native_record() if native and not shadow_rankings else None
         self._meta_cls: Any = _Meta if self._ext is None else self._ext.KvMeta
 
     # ------------------------------------------------------------------ statistics
@@ -249,6 +423,21 @@ class KvcastPolicy(CachePolicy):
         if self._clock_t is None:
             return 0.0
         return self._clock_v + (t - self._clock_t) / self._half_life
+
+    def _xs(self, t: float) -> float:
+        """The virtual clock of the scores in use (slower under the long-memory variant)."""
+        x = self._x(t)
+        return x if self._mult == 1.0 else x / self._mult
+
+    @property
+    def variant(self) -> str:
+        """The scoring variant in use (``default`` without shadow rankings)."""
+        return _VARIANTS[0 if self._shadow is None else self._shadow.current]
+
+    @property
+    def variant_switches(self) -> int:
+        """How many times the shadow rankings changed the scoring variant."""
+        return 0 if self._shadow is None else self._shadow.switches
 
     def _observe_gap(self, gap: float, now: float) -> None:
         """Feed one first-reuse gap to the median tracker and retune the half-life."""
@@ -314,7 +503,7 @@ class KvcastPolicy(CachePolicy):
         m = self._meta.get(key)
         if m is None:
             return None
-        return float(2.0 ** (m.pri - self._x(now)))
+        return float(2.0 ** (m.pri - self._xs(now)))
 
     def _update(self, access: Access) -> None:
         if self._clock_t is None:
@@ -339,6 +528,13 @@ class KvcastPolicy(CachePolicy):
             m.hosts = 0
         bit = 1 << (access.host & 63)
         lw = x + self._log_repeat if m.hosts & bit else x
+        if self._shadow_on:
+            lhost = self._log_repeat if m.hosts & bit else 0.0
+            w = self._learn(m, access.time, access.parent) if self._learned else 0.0
+            m.hosts |= bit
+            m.last = access.time
+            self._update_variants(access, m, x, lhost, w)
+            return
         if self._learned:
             lw += self._learn(m, access.time, access.parent)
         m.hosts |= bit
@@ -364,6 +560,79 @@ class KvcastPolicy(CachePolicy):
             self._push(key, m)
         elif len(self._meta) > self._max_tracked:
             self._prune(keep=key)
+
+    def _update_variants(self, access: Access, m: _Meta, x: float, lhost: float, w: float) -> None:
+        """The rest of an access with shadow rankings: every variant's score, the ghosts.
+
+        Args:
+            access: the access.
+            m: its chunk's statistics (count, hosts and last access already updated).
+            x: the virtual clock at the access.
+            lhost: log2 of its host weight.
+            w: log2 of its learned weight (0 without learned weights).
+        """
+        key = access.key
+        shadow = self._shadow
+        if shadow is None:
+            shadow = self._shadow = _Shadows(
+                self._capacity,
+                access.size,
+                len(self._variants),
+                self._log_margin,
+                self._shadow_chunks,
+                self._shadow_z,
+            )
+        if not m.vlogs:
+            m.vlogs = [_NEG_INF] * len(self._variants)
+            m.vpri = [_NEG_INF] * len(self._variants)
+        pm = None
+        if access.parent is not None:
+            m.parent = access.parent
+            pm = self._meta.get(access.parent)
+            if pm is not None:
+                m.position = pm.position + 1
+        if access.position is not None:
+            m.position = access.position
+        for i, (log_history, use_w, mult) in enumerate(self._variants):
+            lw = (x if mult == 1.0 else x / mult) + lhost
+            if use_w:
+                lw += w
+            a = m.vlogs[i] + log_history
+            if a == _NEG_INF:
+                logs = lw
+            elif a >= lw:
+                logs = a + math.log2(1.0 + 2.0 ** (lw - a))
+            else:
+                logs = lw + math.log2(1.0 + 2.0 ** (a - lw))
+            m.vlogs[i] = logs
+            m.vpri[i] = min(logs, pm.vpri[i]) if pm is not None and pm.vpri else logs
+        same_segment = pm is not None and m.position % _SEGMENT != 0
+        m.root = pm.root if same_segment and pm is not None else key
+        c = shadow.current
+        m.logs = m.vlogs[c]
+        m.pri = m.vpri[c]
+        if shadow.sampled(m.root):
+            shadow.step(
+                key, access.size, access.parent if same_segment else None, m.position, m.vpri
+            )
+            if shadow.current != c:
+                self._use_variant(shadow.current)
+        if key in self._resident:
+            self._push(key, m)
+        elif len(self._meta) > self._max_tracked:
+            self._prune(keep=key)
+
+    def _use_variant(self, i: int) -> None:
+        """Rank by variant ``i`` from now on: every chunk's score and the heap switch at once."""
+        self._mult = self._variants[i][2]
+        for m in self._meta.values():
+            if m.vlogs:
+                m.logs = m.vlogs[i]
+                m.pri = m.vpri[i]
+        self._heap = []
+        self._token = {}
+        for key in self._resident:
+            self._push(key, self._meta[key])
 
     def _push(self, key: int, m: _Meta) -> None:
         seq = next(self._seq)
@@ -596,7 +865,7 @@ class KvcastPolicy(CachePolicy):
                 heapq.heappush(self._heap, e)
             return NO_CHANGE
         evictions = tuple(self._evict(k, access.time) for k in doomed)
-        x = self._x(access.time)
+        x = self._xs(access.time)
         admission = self._admit(key, access.tenant, access.size, float(2.0 ** (m.pri - x)))
         return Decision(admit=(admission,), evict=evictions)
 
@@ -651,7 +920,7 @@ class KvcastPolicy(CachePolicy):
         """
         keys, _, pri, depth, _, _ = self._columns()
         order = np.lexsort((depth, -pri))
-        x = self._x(now)
+        x = self._xs(now)
         out = []
         for i in order:
             key = keys[int(i)]
@@ -686,7 +955,7 @@ class KvcastPolicy(CachePolicy):
         order = np.lexsort((depth, -(pri + np.where(resident, self._log_margin, 0.0))))
         chosen: dict[int, Ranked] = {}
         free = self._capacity
-        x = self._x(now)
+        x = self._xs(now)
         for i in order:
             if free < min_size:
                 break
@@ -708,4 +977,4 @@ class KvcastPolicy(CachePolicy):
         m = self._meta.get(key)
         if m is None:
             return 0.0
-        return float(2.0 ** (m.logs - self._x(now)))
+        return float(2.0 ** (m.logs - self._xs(now)))

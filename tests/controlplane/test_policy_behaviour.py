@@ -16,7 +16,9 @@ from controlplane.policies import (
     SketchPolicy,
     make_policy,
 )
+from controlplane.policies.evaluate import replay
 from controlplane.policies.sketch import CountMinSketch
+from controlplane.policies.workloads import chat_sessions_workload
 
 B = 100
 
@@ -244,6 +246,65 @@ def test_kvcast_history_weight_leans_towards_the_last_access() -> None:
         assert (ranked.index(1) < ranked.index(2)) is old_first
 
 
+def _replay_hits(policy: KvcastPolicy, seq: list[tuple[int, float]]) -> int:
+    """Single-block accesses (key, time) without prefix links; how many were resident."""
+    hits = 0
+    for key, t in seq:
+        hits += key in policy
+        policy.observe(acc(key, t))
+    return hits
+
+
+def test_kvcast_shadow_rankings_pick_recency_on_chat_sessions() -> None:
+    """Memoryless chat sessions: the last access predicts the next turn, the frequency does
+    not. The ghosts see the recency variant's lead and the policy switches to it, with more
+    hits than the default score alone."""
+    w = chat_sessions_workload(n_sessions=300, seed=3)
+    capacity = int(0.04 * len(set(w.key_sequence()))) * w.block_bytes
+    plain = KvcastPolicy(capacity)
+    shadow = KvcastPolicy(capacity, shadow_rankings=True)
+    plain_hits = replay(w, plain).hit_bytes
+    shadow_hits = replay(w, shadow).hit_bytes
+    assert plain.variant == "default" and plain.variant_switches == 0
+    assert shadow.variant == "recency" and shadow.variant_switches >= 1
+    assert shadow_hits > 1.05 * plain_hits
+
+
+def test_kvcast_shadow_rankings_pick_long_memory_for_rare_regulars() -> None:
+    """Eight blocks come back every ~7 s while pairs of one-offs (reused once, 2 s apart) pull
+    the adaptive half-life down to ~3 s: the default forgets the regulars between their
+    visits, the slower-decaying variant keeps them."""
+    seq = []
+    t, one_off = 0.0, 10**6
+    for _ in range(400):
+        for k in range(8):
+            seq.append((k, t))
+            t += 0.1
+        for _ in range(6):
+            seq += [(one_off, t), (one_off, t + 2.0)]
+            one_off += 1
+            t += 0.5
+        t += 2.0
+    seq.sort(key=lambda e: e[1])
+    plain = KvcastPolicy(12 * B)
+    shadow = KvcastPolicy(12 * B, shadow_rankings=True)
+    plain_hits = _replay_hits(plain, seq)
+    shadow_hits = _replay_hits(shadow, seq)
+    assert shadow.variant == "long-memory"
+    assert shadow_hits > 1.1 * plain_hits
+
+
+def test_kvcast_shadow_rankings_stay_put_without_a_significant_lead() -> None:
+    """Working sets of 20 blocks, each read 10 times round-robin, then replaced: every
+    variant hits (almost) the same, so the policy never switches."""
+    seq = [(1000 * phase + k, 0.0) for phase in range(30) for _ in range(10) for k in range(20)]
+    seq = [(k, float(i)) for i, (k, _) in enumerate(seq)]
+    shadow = KvcastPolicy(25 * B, shadow_rankings=True)
+    plain_hits = _replay_hits(KvcastPolicy(25 * B), seq)
+    assert _replay_hits(shadow, seq) == plain_hits
+    assert shadow.variant == "default" and shadow.variant_switches == 0
+
+
 def test_kvcast_rejects_bad_parameters() -> None:
     for params in (
         {"half_life_s": 0.0},
@@ -253,6 +314,8 @@ def test_kvcast_rejects_bad_parameters() -> None:
         {"min_half_life_s": 10.0, "initial_half_life_s": 5.0},
         {"history_weight": 0.0},
         {"history_weight": 1.5},
+        {"shadow_sample_chunks": 8},
+        {"shadow_z": -1.0},
     ):
         with pytest.raises(PolicyConfigError):
             make_policy("kvcast", capacity_bytes=B, **params)

@@ -231,3 +231,25 @@ def test_the_c_path_replays_a_workload_like_the_python_path() -> None:
     b = replay(w, KvcastPolicy(128 * BLOCK))
     assert (a.hit_bytes, a.admissions, a.evictions) == (b.hit_bytes, b.admissions, b.evictions)
     assert np.isclose(a.byte_hit_ratio, b.byte_hit_ratio, rtol=0, atol=0)
+
+
+def test_shadow_rankings_record_on_the_python_path_as_online() -> None:
+    """With shadow rankings the batch goes through the Python record path (the ghosts and
+    the three scores per chunk have no C step): a batch leaves the state that the same
+    accesses leave one by one, and the variant chosen is the same."""
+    for w in _workloads()[3:]:
+        acc = w.accesses()
+        batch = KvcastPolicy(64 * BLOCK, shadow_rankings=True)
+        single = KvcastPolicy(64 * BLOCK, shadow_rankings=True)
+        assert not batch.native
+        assert batch.record_many(acc) == len(acc)
+        for a in acc:
+            single.record(a)
+        assert _state(batch) == _state(single), w.name
+        assert [(k, m.vlogs, m.vpri) for k, m in batch._meta.items()] == [
+            (k, m.vlogs, m.vpri) for k, m in single._meta.items()
+        ]
+        assert batch.variant == single.variant
+        now = acc[-1].time
+        assert batch.rank(now) == single.rank(now)
+        assert batch.select(now) == single.select(now)
