@@ -18,6 +18,7 @@
  *   send_gets(fd, buf, slot, n) an agent's GETs that are due at once, one sendmmsg().
  *   recv_fetches(...)           recv_fetch for several fetches at once (a window of chunks): each
  *                               DATA goes to the fetch whose tenant and key it names.
+ *   recv_datagrams(...)         recvmmsg() of a pool node's GETs: lengths and senders.
  *   recv_count(...)             recvmmsg() that only counts: the benchmarks' receive ceiling.
  *
  * Every function has a pure-Python equivalent (hostagent/fetch.py, poolnode/server.py) that the
@@ -1033,6 +1034,59 @@ static PyObject *py_send_gets(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(done_n);
 }
 
+/* ------------------------------------------------------------------ recv_datagrams */
+
+/*
+ * recv_datagrams(fd, rxbuf, slot) -> [(length, ipv4 host-order int, port), ...]
+ *
+ * A pool node's GETs, one recvmmsg() for up to MAX_BATCH of them (MSG_DONTWAIT; an empty list
+ * when none is queued): datagram m is bytes [m*slot, m*slot + length) of rxbuf. slot must be
+ * at least 65536, so no UDP datagram is ever cut short (a datagram is what recvfrom would
+ * give). ValueError when rxbuf holds fewer than MAX_BATCH slots; OSError for a socket error
+ * other than "nothing queued" (an ICMP error reported on the socket is skipped, as recvfrom's
+ * caller does).
+ */
+static PyObject *py_recv_datagrams(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_ssize_t slot;
+    Py_buffer rx;
+    if (!PyArg_ParseTuple(args, "iw*n", &fd, &rx, &slot)) {
+        return NULL;
+    }
+    if (slot < 65536 || rx.len < slot * MAX_BATCH) {
+        PyBuffer_Release(&rx);
+        PyErr_SetString(PyExc_ValueError,
+                        "recv_datagrams: slot below 65536 or rxbuf holds fewer than MAX_BATCH");
+        return NULL;
+    }
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sockaddr_in src[MAX_BATCH];
+    batch_slots(msgs, iov, src, rx.buf, slot);
+    int would_block;
+    int got = recv_batch(fd, msgs, &would_block);
+    PyBuffer_Release(&rx);
+    if (got < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(got);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (int m = 0; m < got; m++) {
+        PyObject *t = Py_BuildValue("(IkH)", msgs[m].msg_len,
+                                    (unsigned long)ntohl(src[m].sin_addr.s_addr),
+                                    ntohs(src[m].sin_port));
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, m, t);
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------ recv_count */
 
 /*
@@ -1144,6 +1198,9 @@ static PyMethodDef methods[] = {
      "Receive a batch of datagrams for one fetch (see kvcast/_native.c)."},
     {"recv_fetches", py_recv_fetches, METH_VARARGS,
      "Receive a batch of datagrams for several fetches at once (see kvcast/_native.c)."},
+    {"recv_datagrams", py_recv_datagrams, METH_VARARGS,
+     "recv_datagrams(fd, rxbuf, slot): one recvmmsg of up to MAX_BATCH datagrams, each "
+     "(length, ipv4 int, port) at m*slot of rxbuf."},
     {"recv_count", py_recv_count, METH_VARARGS,
      "recv_count(fd, rxbuf, slot, count, timeout_ms): receive count datagrams, touch nothing."},
     {"send_batch", py_send_batch, METH_VARARGS,

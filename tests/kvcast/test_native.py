@@ -62,6 +62,41 @@ def test_crc32_with_refuses_an_unknown_implementation() -> None:
 
 
 @needs_native
+def test_recv_datagrams_gives_each_datagram_whole_with_its_sender_and_refuses_small_buffers() -> (
+    None
+):
+    assert native is not None
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        buf = bytearray(65536 * native.MAX_BATCH)
+        assert native.recv_datagrams(rx.fileno(), buf, 65536) == []  # nothing queued
+        sizes = [0, 1, 296, 65_507] + [i + 40 for i in range(native.MAX_BATCH)]
+        sent = [os.urandom(n) for n in sizes]
+        for d in sent:
+            tx.sendto(d, rx.getsockname())
+        port = tx.getsockname()[1]
+        got: list[bytes] = []
+        while len(got) < len(sent):
+            batch = native.recv_datagrams(rx.fileno(), buf, 65536)
+            assert 0 < len(batch) <= native.MAX_BATCH
+            for m, (n, ip, sport) in enumerate(batch):
+                assert (ip, sport) == (0x7F000001, port)
+                got.append(bytes(buf[m * 65536 : m * 65536 + n]))
+        assert got == sent
+        with pytest.raises(ValueError):
+            native.recv_datagrams(rx.fileno(), buf, 2048)  # a datagram could be cut short
+        with pytest.raises(ValueError):
+            native.recv_datagrams(rx.fileno(), bytearray(65536), 65536)
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
 def test_send_batch_sends_each_pair_as_one_datagram() -> None:
     assert native is not None
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
