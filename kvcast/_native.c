@@ -281,8 +281,9 @@ typedef struct {
 
 /* Takes one datagram for fetch `f` if it is a DATA answering one of its GETs within the
  * fragments that GET owns, or a replica of `my_group`: checks the CRC, copies the new fragments
- * and marks them present; writes an event (its last field `tag`) for an answer, counts a
- * replica in f->stream. Returns 0 when the datagram is not such a DATA (the slow path's). */
+ * and marks them present; writes an event (its last field `tag`) for an answer, or extends the
+ * previous one (see recv_fetch), counts a replica in f->stream. Returns 0 when the datagram is
+ * not such a DATA (the slow path's). */
 static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version_op,
                      int my_group, int frag_bytes, int64_t *ev, int *nev, int64_t tag,
                      int in_place) {
@@ -346,6 +347,18 @@ static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version
             st[(flags & FLAG_HIT) ? 0 : 1] += added;
         }
         return 1;
+    }
+    if (*nev > 0 && crc_ok && added > 0 && !(flags & FLAG_HIT)) {
+        /* The next DATA of the same GET right after the last one taken (a pool node answers a
+         * GET with several in a row): one event for both, so Python books a GET once per
+         * batch, not once per DATA. */
+        int64_t *p = ev + (size_t)(*nev - 1) * EVENT_FIELDS;
+        if (p[0] == rid && p[6] == tag && p[5] == 1 && p[3] > 0 && p[4] == flags &&
+            p[2] == first) {
+            p[2] = last;
+            p[3] += added;
+            return 1;
+        }
     }
     int64_t *e = ev + (size_t)(*nev) * EVENT_FIELDS;
     e[0] = rid;
@@ -633,7 +646,9 @@ static int fetch_buffers(const char *who, fetch_t *f, Py_buffer *out, Py_buffer 
  *     uint64 per fragment, the request id that last asked for it.
  * events: a writable int64 buffer of MAX_BATCH * EVENT_FIELDS; per fast-path DATA that
  *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 0 (the
- *     fetch's index, as in recv_fetches).
+ *     fetch's index, as in recv_fetches). A pool DATA (not HIT) with a good CRC and new
+ *     fragments that continues the previous event's GET where it ended (first == its last,
+ *     same flags) extends that event instead (last, new fragments added).
  * Replicas of our group need no per-GET bookkeeping: they are only counted, in `stream`, a
  *     writable int64 buffer of STREAM_FIELDS: new fragments served from SRAM (HIT), new
  *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC,

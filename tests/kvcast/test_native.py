@@ -173,6 +173,52 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
 
 
 @needs_native
+def test_recv_fetch_books_consecutive_datas_of_one_get_as_one_event() -> None:
+    """A pool node answers a GET with several DATAs in a row: one event for the run (its range
+    and new fragments summed); a duplicate, a bad CRC or another GET starts a new event."""
+    assert native is not None
+    tenant, key, n, fb = 3, 0xABC, 8, c.FRAG_BYTES
+    chunk = os.urandom(n * fb)
+
+    def data(first: int, rid: int) -> bytes:
+        return data_message(tenant, key, first, n, chunk[first * fb : (first + 2) * fb],
+                            req_id=rid)  # fmt: skip
+
+    bad = bytearray(data(6, 1001))
+    bad[-1] ^= 1
+    order = [data(0, 1000), data(2, 1000), data(4, 1000), data(2, 1000), data(6, 1001)]
+    order += [bytes(bad)]
+    owner = array("L", [1000] * 6 + [1001] * 2)
+    frag = bytearray([1] * n)
+    out = bytearray(len(chunk))
+    events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        for msg in order:
+            tx.sendto(msg, rx.getsockname())
+        nev, slow, _, _ = native.recv_fetch(
+            rx.fileno(), bytearray(65536 * native.MAX_BATCH), 65536, False, (), c.KVP_UDP_PORT,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, 0, chunk_crc_seed(tenant, key),
+            len(chunk), fb, 1000, 2, out, frag, owner, events,
+            array("q", bytes(8 * native.STREAM_FIELDS)),
+        )  # fmt: skip
+    finally:
+        rx.close()
+        tx.close()
+    pool = c.KVP_FLAG_POOL
+    assert slow == [] and nev == 4
+    assert [list(events[i * 7 : i * 7 + 7]) for i in range(nev)] == [
+        [1000, 0, 6, 6, pool, 1, 0],  # three DATAs, one event
+        [1000, 2, 4, 0, pool, 1, 0],  # the duplicate
+        [1001, 6, 8, 2, pool, 1, 0],
+        [1001, 6, 8, 0, pool, 0, 0],  # the bad CRC: nothing new
+    ]
+    assert bytes(out) == chunk and frag == bytearray([2] * n)
+
+
+@needs_native
 def test_recv_fetch_receives_predicted_data_in_place_and_never_over_a_present_fragment() -> None:
     """The scatter of recv_fetch: a DATA predicted for its slot lands in the tensor directly
     (its slot in the batch buffer stays untouched); a fragment already PRESENT is never a
