@@ -503,7 +503,9 @@ class FetchClient:
         self._native = nat if nat is not None and array("L").itemsize == 8 else None
         if self._native is not None:
             self._rx = bytearray(_SLOT * self._native.MAX_BATCH)
-            self._events = array("q", bytes(8 * self._native.MAX_BATCH * _EVENT_FIELDS))
+            # Room for the events of every batch one call may take (MAX_ROUNDS of them).
+            events = self._native.MAX_BATCH * self._native.MAX_ROUNDS * _EVENT_FIELDS
+            self._events = array("q", bytes(8 * events))
             self._trusted_ints = tuple(
                 (int.from_bytes(socket.inet_aton(h), "big"), port) for h, port in self._trusted
             )

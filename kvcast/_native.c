@@ -523,9 +523,28 @@ static int settle_slot(const fetch_t *f, int frag_bytes, int version_op, uint8_t
     return 0;
 }
 
+/* recvmmsg() batches one receive call takes at most (each of MAX_BATCH datagrams). */
+#define MAX_ROUNDS 16
+
+/* Whether every fragment of one of f[0..nf) is PRESENT (that fetch has ended). */
+static int any_complete(const fetch_t *f, Py_ssize_t nf) {
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Py_ssize_t k = 0;
+        while (k < f[i].nfrag && f[i].frag[k] == PRESENT) {
+            k++;
+        }
+        if (k == f[i].nfrag) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* The batch loop that recv_fetch and recv_fetches share: checks the shared buffers, receives
- * one recvmmsg() batch and hands each DATA to the fetch (of f[0..nf)) whose tenant and key it
- * names (take_data); everything else goes to the slow list. With one fetch, payloads are
+ * recvmmsg() batches (another while the last was full, up to MAX_ROUNDS, until a datagram goes
+ * to the slow list, a fetch is complete or the events buffer could not hold another batch's)
+ * and hands each DATA to the fetch (of f[0..nf)) whose tenant and key it names (take_data);
+ * everything else goes to the slow list. With one fetch, payloads are
  * received in place where predicted (plan_scatter): those DATA are taken first, checked where
  * they lie, then the rest in arrival order. `who` names the caller in errors.
  * Returns (events_written, slow_list, foreign, would_block), or NULL with an exception set. */
@@ -554,64 +573,78 @@ static PyObject *recv_batch_into(const char *who, int fd, Py_buffer *rx, Py_ssiz
     struct sockaddr_in src[MAX_BATCH];
     long pfirst[MAX_BATCH], pbytes[MAX_BATCH];
     uint8_t in_place[MAX_BATCH];
-    batch_slots(msgs, iov, src, rx->buf, slot);
     int scatter = nf == 1;
-    if (scatter) {
-        plan_scatter(&f[0], frag_bytes, msgs, iov3, rx->buf, slot, pfirst, pbytes);
-    }
-    int would_block;
-    int got = recv_batch(fd, msgs, &would_block);
-    if (got < 0) {
-        Py_DECREF(slow);
-        return NULL;
-    }
-    long batch_k = 0;
-    for (int m = 0; m < got; m++) {
-        in_place[m] = scatter && settle_slot(&f[0], frag_bytes, version_op, iov[m].iov_base,
-                                             msgs[m].msg_len,
-                                             (msgs[m].msg_hdr.msg_flags & MSG_TRUNC) != 0,
-                                             pfirst[m], pbytes[m], &batch_k);
-    }
-    if (batch_k > 0) {
-        f[0].stream[6] = batch_k;
-    }
+    Py_ssize_t ev_cap = events->len / (Py_ssize_t)(EVENT_FIELDS * 8);
     long foreign = 0;
-    int nev = 0;
-    /* Pass 0 takes the DATA received in place (their ranges are disjoint and nothing else has
-     * written there), pass 1 everything else, which may then only fill what is still missing. */
-    for (int pass = 0; pass < 2; pass++) {
+    int nev = 0, drained = 0;
+    for (int round = 0;; round++) {
+        batch_slots(msgs, iov, src, rx->buf, slot);
+        if (scatter) {
+            plan_scatter(&f[0], frag_bytes, msgs, iov3, rx->buf, slot, pfirst, pbytes);
+        }
+        int would_block;
+        int got = recv_batch(fd, msgs, &would_block);
+        if (got < 0) {
+            Py_DECREF(slow);
+            return NULL;
+        }
+        long batch_k = 0;
         for (int m = 0; m < got; m++) {
-            if (in_place[m] != (pass == 0)) {
-                continue;
-            }
-            uint8_t *d = iov[m].iov_base;
-            size_t len = msgs[m].msg_len;
-            if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
-                foreign++;
-                continue;
-            }
-            int fast = 0;
-            if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
-                uint64_t key = be64(d + 8);
-                int tenant = be16(d + 4);
-                for (Py_ssize_t i = 0; i < nf; i++) {
-                    if (f[i].key == key && f[i].tenant == tenant) {
-                        fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
-                                         events->buf, &nev, i, in_place[m]);
-                        break;
+            in_place[m] = scatter && settle_slot(&f[0], frag_bytes, version_op, iov[m].iov_base,
+                                                 msgs[m].msg_len,
+                                                 (msgs[m].msg_hdr.msg_flags & MSG_TRUNC) != 0,
+                                                 pfirst[m], pbytes[m], &batch_k);
+        }
+        if (batch_k > 0) {
+            f[0].stream[6] = batch_k;
+        }
+        /* Pass 0 takes the DATA received in place (their ranges are disjoint and nothing else
+         * has written there), pass 1 everything else, which may then only fill what is still
+         * missing. */
+        for (int pass = 0; pass < 2; pass++) {
+            for (int m = 0; m < got; m++) {
+                if (in_place[m] != (pass == 0)) {
+                    continue;
+                }
+                uint8_t *d = iov[m].iov_base;
+                size_t len = msgs[m].msg_len;
+                if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
+                    foreign++;
+                    continue;
+                }
+                int fast = 0;
+                if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
+                    uint64_t key = be64(d + 8);
+                    int tenant = be16(d + 4);
+                    for (Py_ssize_t i = 0; i < nf; i++) {
+                        if (f[i].key == key && f[i].tenant == tenant) {
+                            fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
+                                             events->buf, &nev, i, in_place[m]);
+                            break;
+                        }
                     }
                 }
-            }
-            if (!fast && in_place[m]) { /* not taken: the slow path gets it whole */
-                memcpy(d + KVP_HDR, f[0].out + pfirst[m] * (long)frag_bytes, len - KVP_HDR);
-            }
-            if (!fast && append_slow(slow, d, len) < 0) {
-                Py_DECREF(slow);
-                return NULL;
+                if (!fast && in_place[m]) { /* not taken: the slow path gets it whole */
+                    memcpy(d + KVP_HDR, f[0].out + pfirst[m] * (long)frag_bytes, len - KVP_HDR);
+                }
+                if (!fast && append_slow(slow, d, len) < 0) {
+                    Py_DECREF(slow);
+                    return NULL;
+                }
             }
         }
+        /* Another batch only while the socket had a full one, nothing waits for Python (a slow
+         * datagram, a finished fetch), another batch's events fit, and within MAX_ROUNDS. */
+        if (would_block || got < MAX_BATCH) {
+            drained = 1;
+            break;
+        }
+        if (round + 1 >= MAX_ROUNDS || PyList_GET_SIZE(slow) > 0 || nev + MAX_BATCH > ev_cap ||
+            any_complete(f, nf)) {
+            break;
+        }
     }
-    PyObject *result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
+    PyObject *result = Py_BuildValue("iOli", nev, slow, foreign, drained);
     Py_DECREF(slow);
     return result;
 }
@@ -644,7 +677,9 @@ static int fetch_buffers(const char *who, fetch_t *f, Py_buffer *out, Py_buffer 
  *     checked when check_src).
  * out: the tensor's bytes (writable); frag: the per-fragment state bytearray; owner: one
  *     uint64 per fragment, the request id that last asked for it.
- * events: a writable int64 buffer of MAX_BATCH * EVENT_FIELDS; per fast-path DATA that
+ * events: a writable int64 buffer of at least MAX_BATCH * EVENT_FIELDS (a call takes another
+ *     recvmmsg batch only while the buffer has room for its events: MAX_ROUNDS batches need
+ *     MAX_ROUNDS times that); per fast-path DATA that
  *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 0 (the
  *     fetch's index, as in recv_fetches). A pool DATA (not HIT) with a good CRC and new
  *     fragments that continues the previous event's GET where it ended (first == its last,
@@ -1252,6 +1287,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_ROUNDS", MAX_ROUNDS) < 0 ||
         PyModule_AddIntConstant(m, "SEND_BATCH", SEND_BATCH) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0 ||

@@ -173,6 +173,62 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
 
 
 @needs_native
+def test_recv_fetch_takes_several_batches_per_call_and_stops_when_the_fetch_is_complete() -> None:
+    """A queue of 300 replicas is drained in one call (5 recvmmsg batches); a fetch that
+    completes in a full batch ends the call there, leaving what follows in the socket."""
+    assert native is not None
+    tenant, key, group, fb = 3, 0xABC, 7, c.FRAG_BYTES
+
+    def stream(k: int, n: int, chunk: bytes) -> list[bytes]:
+        return [
+            data_message(
+                tenant,
+                k,
+                i,
+                n,
+                chunk[i * fb : (i + 1) * fb],
+                group=group,
+                flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA,
+            )  # fmt: skip
+            for i in range(n)
+        ]
+
+    def receive(k: int, n: int, chunk_len: int) -> tuple[int, bytearray, bytearray, list[int]]:
+        out, frag = bytearray(chunk_len), bytearray(n)
+        st = array("q", bytes(8 * native.STREAM_FIELDS))
+        nev, slow, _, drained = native.recv_fetch(
+            rx.fileno(), rxbuf, 65536, False, (), c.KVP_UDP_PORT,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, k, 0, group,
+            chunk_crc_seed(tenant, k), chunk_len, fb, 0, 0, out, frag,
+            array("L", bytes(8 * n)), events, st,
+        )  # fmt: skip
+        assert nev == 0 and slow == []
+        return drained, out, frag, list(st)
+
+    long_chunk, one_batch = os.urandom(300 * fb), os.urandom(native.MAX_BATCH * fb)
+    events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+    rxbuf = bytearray(65536 * native.MAX_BATCH)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        for msg in stream(key, 300, long_chunk):
+            tx.sendto(msg, rx.getsockname())
+        drained, out, frag, st = receive(key, 300, len(long_chunk))
+        assert drained == 1 and bytes(out) == long_chunk and st[:5] == [300, 0, 0, 0, 300]
+        # One full batch completes the chunk; 100 datagrams of the next one wait behind it.
+        for msg in stream(key, native.MAX_BATCH, one_batch) + stream(key + 1, 100, long_chunk):
+            tx.sendto(msg, rx.getsockname())
+        drained, out, frag, st = receive(key, native.MAX_BATCH, len(one_batch))
+        assert drained == 0 and bytes(out) == one_batch and frag.count(2) == native.MAX_BATCH
+        assert native.recv_count(rx.fileno(), rxbuf, 65536, 100, 200) == (100, 100 * (40 + fb))
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
 def test_recv_fetch_books_consecutive_datas_of_one_get_as_one_event() -> None:
     """A pool node answers a GET with several DATAs in a row: one event for the run (its range
     and new fragments summed); a duplicate, a bad CRC or another GET starts a new event."""
