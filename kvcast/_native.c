@@ -687,7 +687,10 @@ static int fetch_buffers(const char *who, fetch_t *f, Py_buffer *out, Py_buffer 
  * Replicas of our group need no per-GET bookkeeping: they are only counted, in `stream`, a
  *     writable int64 buffer of STREAM_FIELDS: new fragments served from SRAM (HIT), new
  *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC,
- *     and one past the highest fragment a replica with a good CRC carried.
+ *     and one past the highest fragment a replica with a good CRC carried; then what the call
+ *     learned for receiving in place (plan_scatter), kept between calls: the fragment after
+ *     the last DATA received, and the most fragments a DATA of the last batch carried (the
+ *     caller may seed it; below SCATTER_MIN_FRAGS nothing is received in place).
  * Every datagram that is not such a DATA (NACK, another chunk, anything odd, a DATA whose
  * range or owner does not match) is returned as bytes in slow_list, for the Python path.
  */
