@@ -83,7 +83,9 @@ _SLOT = 65536
 # The tenant and key of a KVP header (kvp_t), to find the fetch a datagram is for.
 _TENANT_KEY = struct.Struct("!4xH2xQ")
 _EVENT_FIELDS = 7
-_STREAM_FIELDS = 5
+# Replica counters (5), then what the native path learned of the stream's DATA to receive the
+# next ones in place: the fragment after the last DATA, the most fragments one has carried.
+_STREAM_FIELDS = 7
 # Fetches one call of the native receive takes at once (kvcast/_native.c's MAX_FETCHES).
 MAX_FETCHES = 64
 # A follower asks for a missing fragment itself once the group's stream is this many fragments
@@ -487,6 +489,8 @@ class FetchClient:
         self.window = window
         self.max_chunks_in_flight = max_chunks_in_flight
         self.frags_per_get = frags_per_get or frags_per_data(mtu)
+        # The native path's first guess of a DATA's fragments (it learns the stream's own).
+        self._data_frags = min(self.frags_per_get, frags_per_data(mtu))
         self.timeout_s = timeout_s
         self.max_timeout_s = max_timeout_s
         self.min_retry_timeout_s = min_retry_timeout_s
@@ -510,7 +514,9 @@ class FetchClient:
         self._native = nat if nat is not None and array("L").itemsize == 8 else None
         if self._native is not None:
             self._rx = bytearray(_SLOT * self._native.MAX_BATCH)
-            self._events = array("q", bytes(8 * self._native.MAX_BATCH * _EVENT_FIELDS))
+            # Room for the events of every batch one call may take (MAX_ROUNDS of them).
+            events = self._native.MAX_BATCH * self._native.MAX_ROUNDS * _EVENT_FIELDS
+            self._events = array("q", bytes(8 * events))
             self._trusted_ints = tuple(
                 (int.from_bytes(socket.inet_aton(h), "big"), port) for h, port in self._trusted
             )
@@ -842,6 +848,7 @@ class FetchClient:
         st.rid_base = self._next_req
         st.last_progress = st.started = time.monotonic()
         st.rto = self.timeout_s
+        st.stream[6] = self._data_frags
         return st
 
     def _finish(self, st: _State, parent: int | None, position: int | None) -> FetchReport:
@@ -1403,7 +1410,7 @@ class FetchClient:
     @staticmethod
     def _count_stream(st: _State) -> None:
         """Books the replicas the native path counted in ``st.stream`` (a group's stream)."""
-        hit, pool, dups, bad, high = st.stream
+        hit, pool, dups, bad, high = st.stream[:5]
         if high > st.stream_high:
             st.stream_high = high
         if hit or pool or dups or bad:

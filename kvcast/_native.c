@@ -3,11 +3,14 @@
  * path"). Python keeps every decision that is not per datagram (which GETs are in flight, when
  * to retry, which path to take); this module only moves bytes:
  *
- *   crc32(data, value=0)        zlib's CRC-32 (same polynomial, same chaining), slice-by-8.
+ *   crc32(data, value=0)        zlib's CRC-32 (same polynomial, same chaining): carry-less
+ *                               multiplication (VPCLMULQDQ or PCLMULQDQ) where the processor has
+ *                               it, else libz, else slice-by-8 tables.
  *   recv_fetch(...)             recvmmsg() a batch of datagrams for one fetch; for each DATA that
  *                               answers one of the fetch's GETs (or is a replica of its group):
  *                               check source, header, range, owner and CRC, copy the new
- *                               fragments into the tensor and mark them present; report one
+ *                               fragments into the tensor (or receive a predicted DATA straight
+ *                               into it and check it there) and mark them present; report one
  *                               event per such DATA and hand every other datagram back as bytes.
  *   send_batch(fd, addr, msgs)  sendmmsg() of (header, payload) pairs to one address.
  *   send_data(...)              a pool node's DATAs for a GET's fragment range: headers and
@@ -15,6 +18,7 @@
  *   send_gets(fd, buf, slot, n) an agent's GETs that are due at once, one sendmmsg().
  *   recv_fetches(...)           recv_fetch for several fetches at once (a window of chunks): each
  *                               DATA goes to the fetch whose tenant and key it names.
+ *   recv_datagrams(...)         recvmmsg() of a pool node's GETs: lengths and senders.
  *   recv_count(...)             recvmmsg() that only counts: the benchmarks' receive ceiling.
  *
  * Every function has a pure-Python equivalent (hostagent/fetch.py, poolnode/server.py) that the
@@ -112,11 +116,72 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t va
     uint32_t crc = crc32_tables(0xFFFFFFFFu, block, 16); /* from a zero state */
     return crc32_tables(crc, p, n);
 }
+
+/*
+ * The same folding with VPCLMULQDQ on 256-bit registers (AVX2): four registers hold 128 bytes
+ * (eight 128-bit lanes), each lane folded 1024 bits ahead per step (constants x^(8*128+-32)
+ * mod P, bit-reflected, as above), so eight carry-less products are in flight at once instead
+ * of four; at the end the eight lanes are folded into one with the 128-bit constants and the
+ * rest goes as in crc32_clmul. Needs n >= 128. Same values as zlib (tests/kvcast/test_native.py).
+ */
+static int have_vclmul = 0;
+
+__attribute__((target("vpclmulqdq,avx2,pclmul,sse4.1"))) static uint32_t crc32_vclmul(
+    uint32_t value, const uint8_t *p, size_t n) {
+    const __m256i k8 = _mm256_set_epi64x(0x14a7fe880LL, 0x1e88ef372LL, 0x14a7fe880LL,
+                                         0x1e88ef372LL);
+    const __m128i k1 = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL);
+    __m256i y0 = _mm256_loadu_si256((const __m256i *)p);
+    __m256i y1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    __m256i y2 = _mm256_loadu_si256((const __m256i *)(p + 64));
+    __m256i y3 = _mm256_loadu_si256((const __m256i *)(p + 96));
+    y0 = _mm256_xor_si256(y0, _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)~value)));
+    p += 128;
+    n -= 128;
+#define VFOLD(y, next)                                                                         \
+    _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128((y), k8, 0x00),                 \
+                                      _mm256_clmulepi64_epi128((y), k8, 0x11)),                \
+                     (next))
+    while (n >= 128) {
+        y0 = VFOLD(y0, _mm256_loadu_si256((const __m256i *)p));
+        y1 = VFOLD(y1, _mm256_loadu_si256((const __m256i *)(p + 32)));
+        y2 = VFOLD(y2, _mm256_loadu_si256((const __m256i *)(p + 64)));
+        y3 = VFOLD(y3, _mm256_loadu_si256((const __m256i *)(p + 96)));
+        p += 128;
+        n -= 128;
+    }
+#undef VFOLD
+#define FOLD(x, next)                                                                          \
+    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((x), k1, 0x00),                           \
+                                _mm_clmulepi64_si128((x), k1, 0x11)),                          \
+                  (next))
+    __m128i x = _mm256_castsi256_si128(y0);
+    x = FOLD(x, _mm256_extracti128_si256(y0, 1));
+    x = FOLD(x, _mm256_castsi256_si128(y1));
+    x = FOLD(x, _mm256_extracti128_si256(y1, 1));
+    x = FOLD(x, _mm256_castsi256_si128(y2));
+    x = FOLD(x, _mm256_extracti128_si256(y2, 1));
+    x = FOLD(x, _mm256_castsi256_si128(y3));
+    x = FOLD(x, _mm256_extracti128_si256(y3, 1));
+    while (n >= 16) {
+        x = FOLD(x, _mm_loadu_si128((const __m128i *)p));
+        p += 16;
+        n -= 16;
+    }
+#undef FOLD
+    uint8_t block[16];
+    _mm_storeu_si128((__m128i *)block, x);
+    uint32_t crc = crc32_tables(0xFFFFFFFFu, block, 16); /* from a zero state */
+    return crc32_tables(crc, p, n);
+}
 #endif
 
 /* Continues a CRC-32 from `value` (zlib.crc32(data, value)). */
 static uint32_t crc32_update(uint32_t value, const uint8_t *p, size_t n) {
 #ifdef HAVE_CLMUL_PATH
+    if (have_vclmul && n >= 256) {
+        return crc32_vclmul(value, p, n);
+    }
     if (have_clmul && n >= 64) {
         return crc32_clmul(value, p, n);
     }
@@ -175,7 +240,7 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
 #define PRESENT 2
 #define MAX_BATCH 64
 #define EVENT_FIELDS 7
-#define STREAM_FIELDS 5
+#define STREAM_FIELDS 7
 
 static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 static inline uint32_t be32(const uint8_t *p) {
@@ -216,10 +281,12 @@ typedef struct {
 
 /* Takes one datagram for fetch `f` if it is a DATA answering one of its GETs within the
  * fragments that GET owns, or a replica of `my_group`: checks the CRC, copies the new fragments
- * and marks them present; writes an event (its last field `tag`) for an answer, counts a
- * replica in f->stream. Returns 0 when the datagram is not such a DATA (the slow path's). */
+ * and marks them present; writes an event (its last field `tag`) for an answer, or extends the
+ * previous one (see recv_fetch), counts a replica in f->stream. Returns 0 when the datagram is
+ * not such a DATA (the slow path's). */
 static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version_op,
-                     int my_group, int frag_bytes, int64_t *ev, int *nev, int64_t tag) {
+                     int my_group, int frag_bytes, int64_t *ev, int *nev, int64_t tag,
+                     int in_place) {
     if (len < KVP_HDR || d[0] != version_op || be16(d + 4) != f->tenant ||
         be64(d + 8) != f->key) {
         return 0;
@@ -247,16 +314,21 @@ static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version
             return 0;
         }
     }
+    /* In place (recv_batch_into's scatter): the kernel put the payload at its offset in the
+     * tensor, where no fragment was PRESENT, and nothing has written there since. */
+    const uint8_t *pl = in_place ? f->out + lo : d + KVP_HDR;
     uint8_t idx[2] = {d[24], d[25]};
-    uint32_t want = crc32_update(crc32_update(f->crc_seed, idx, 2), d + KVP_HDR, (size_t)plen);
+    uint32_t want = crc32_update(crc32_tables(f->crc_seed, idx, 2), pl, (size_t)plen);
     long added = 0;
     int crc_ok = want == crc;
     if (crc_ok) {
         for (long i = first; i < last; i++) {
             if (f->frag[i] != PRESENT) {
-                long a = i * (long)frag_bytes;
-                long b = a + frag_bytes < end ? a + frag_bytes : end;
-                memcpy(f->out + a, d + KVP_HDR + (a - lo), (size_t)(b - a));
+                if (!in_place) {
+                    long a = i * (long)frag_bytes;
+                    long b = a + frag_bytes < end ? a + frag_bytes : end;
+                    memcpy(f->out + a, pl + (a - lo), (size_t)(b - a));
+                }
                 f->frag[i] = PRESENT;
                 added++;
             }
@@ -275,6 +347,18 @@ static int take_data(const fetch_t *f, const uint8_t *d, size_t len, int version
             st[(flags & FLAG_HIT) ? 0 : 1] += added;
         }
         return 1;
+    }
+    if (*nev > 0 && crc_ok && added > 0 && !(flags & FLAG_HIT)) {
+        /* The next DATA of the same GET right after the last one taken (a pool node answers a
+         * GET with several in a row): one event for both, so Python books a GET once per
+         * batch, not once per DATA. */
+        int64_t *p = ev + (size_t)(*nev - 1) * EVENT_FIELDS;
+        if (p[0] == rid && p[6] == tag && p[5] == 1 && p[3] > 0 && p[4] == flags &&
+            p[2] == first) {
+            p[2] = last;
+            p[3] += added;
+            return 1;
+        }
     }
     int64_t *e = ev + (size_t)(*nev) * EVENT_FIELDS;
     e[0] = rid;
@@ -356,9 +440,123 @@ static int append_slow(PyObject *slow, const uint8_t *d, size_t len) {
 
 #define MAX_FETCHES 64
 
+/* Scatter (recv_fetch only): a DATA of at least SCATTER_MIN_FRAGS fragments is received
+ * straight into its place in the tensor when its range was predicted; below that the copy from
+ * the batch buffer costs less than a mispredicted slot. */
+#define SCATTER_MIN_FRAGS 4
+
+/*
+ * Plans where a batch's payloads go for one fetch (docs/hostagent.md, "Receiving in place"):
+ * slot m's DATA is predicted to be the m-th DATA after the last one received (stream[5], the
+ * fragment after it; stream[6], the most fragments a DATA of the last batch carried), and its
+ * payload bytes are received at their offset in the tensor (iovec 1; the header into the slot,
+ * iovec 0, and anything longer after it, iovec 2) when none of the predicted range's fragments
+ * is PRESENT.
+ * The predicted ranges of a batch do not overlap. Writes pfirst[m] (-1: slot m not planned) and
+ * pbytes[m]. A fragment that is PRESENT is never a destination, so a verified fragment is never
+ * written by the kernel; what lands in a range that is not PRESENT stays not PRESENT until
+ * take_data has checked its CRC in place.
+ */
+static void plan_scatter(const fetch_t *f, int frag_bytes, struct mmsghdr *msgs,
+                         struct iovec (*iov3)[3], uint8_t *base, Py_ssize_t slot, long *pfirst,
+                         long *pbytes) {
+    long nfrag = (long)f->nfrag;
+    long k = (long)f->stream[6];
+    long pos = (long)f->stream[5];
+    for (int m = 0; m < MAX_BATCH; m++) {
+        pfirst[m] = -1;
+    }
+    if (k < SCATTER_MIN_FRAGS || k > nfrag || pos < 0) {
+        return;
+    }
+    for (int m = 0; m < MAX_BATCH && pos < nfrag; m++) {
+        long last = pos + k < nfrag ? pos + k : nfrag;
+        long lo = pos * (long)frag_bytes;
+        long hi = last * (long)frag_bytes < (long)f->nbytes ? last * (long)frag_bytes
+                                                             : (long)f->nbytes;
+        if (hi > lo && hi - lo <= (long)slot - KVP_HDR &&
+            memchr(f->frag + pos, PRESENT, (size_t)(last - pos)) == NULL) {
+            uint8_t *d = base + (size_t)m * (size_t)slot;
+            iov3[m][0].iov_base = d;
+            iov3[m][0].iov_len = KVP_HDR;
+            iov3[m][1].iov_base = f->out + lo;
+            iov3[m][1].iov_len = (size_t)(hi - lo);
+            iov3[m][2].iov_base = d + KVP_HDR + (hi - lo);
+            iov3[m][2].iov_len = (size_t)(slot - KVP_HDR - (hi - lo));
+            msgs[m].msg_hdr.msg_iov = iov3[m];
+            msgs[m].msg_hdr.msg_iovlen = 3;
+            pfirst[m] = pos;
+            pbytes[m] = hi - lo;
+        }
+        pos = last;
+    }
+}
+
+/* After a planned batch: whether slot m's datagram is the DATA predicted for it (the payload
+ * is then in place in the tensor), else puts the payload bytes back behind the header in the
+ * slot (the datagram is whole there again) and returns 0. Also learns the next prediction from
+ * the DATA's header: stream[5], the fragment after it; *batch_k, the most fragments a DATA of
+ * this batch carried, not counting the chunk's last (stream[6] after the batch). A header only
+ * guides the plan, never what is taken. */
+static int settle_slot(const fetch_t *f, int frag_bytes, int version_op, uint8_t *d, size_t len,
+                       int trunc, long pfirst, long pbytes, long *batch_k) {
+    int planned = pfirst >= 0;
+    if (!trunc && len >= KVP_HDR && d[0] == version_op && be16(d + 4) == f->tenant &&
+        be64(d + 8) == f->key) {
+        long first = be16(d + 24);
+        long plen = be16(d + 28);
+        long last = first + (plen + frag_bytes - 1) / frag_bytes;
+        if (plen > 0 && last <= (long)f->nfrag) {
+            f->stream[5] = last;
+            if (last < (long)f->nfrag && last - first > *batch_k) {
+                *batch_k = last - first;
+            }
+            if (planned && first == pfirst && plen == pbytes && len == (size_t)(KVP_HDR + plen)) {
+                return 1;
+            }
+        }
+    }
+    if (planned && len > KVP_HDR) {
+        size_t n = len - KVP_HDR < (size_t)pbytes ? len - KVP_HDR : (size_t)pbytes;
+        memcpy(d + KVP_HDR, f->out + pfirst * (long)frag_bytes, n);
+    }
+    return 0;
+}
+
+/* recvmmsg() batches one receive call takes at most (each of MAX_BATCH datagrams). */
+#define MAX_ROUNDS 16
+
+/* Whether every fragment of one of the fetches of f[0..nf) that `touched` marks is PRESENT
+ * (that fetch has ended); compares 8 fragment states at a time. */
+static int any_complete(const fetch_t *f, Py_ssize_t nf, const uint8_t *touched) {
+    const uint64_t all = 0x0101010101010101ULL * PRESENT;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        if (!touched[i]) {
+            continue;
+        }
+        const uint8_t *s = f[i].frag;
+        Py_ssize_t n = f[i].nfrag, k = 0;
+        uint64_t w;
+        while (k + 8 <= n && (memcpy(&w, s + k, 8), w == all)) {
+            k += 8;
+        }
+        while (k < n && s[k] == PRESENT) {
+            k++;
+        }
+        if (k == n) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* The batch loop that recv_fetch and recv_fetches share: checks the shared buffers, receives
- * one recvmmsg() batch and hands each DATA to the fetch (of f[0..nf)) whose tenant and key it
- * names (take_data); everything else goes to the slow list. `who` names the caller in errors.
+ * recvmmsg() batches (another while the last was full, up to MAX_ROUNDS, until a datagram goes
+ * to the slow list, a fetch is complete or the events buffer could not hold another batch's)
+ * and hands each DATA to the fetch (of f[0..nf)) whose tenant and key it names (take_data);
+ * everything else goes to the slow list. With one fetch, payloads are
+ * received in place where predicted (plan_scatter): those DATA are taken first, checked where
+ * they lie, then the rest in arrival order. `who` names the caller in errors.
  * Returns (events_written, slow_list, foreign, would_block), or NULL with an exception set. */
 static PyObject *recv_batch_into(const char *who, int fd, Py_buffer *rx, Py_ssize_t slot,
                                  int check_src, PyObject *trusted, int kvp_port, int version_op,
@@ -381,41 +579,85 @@ static PyObject *recv_batch_into(const char *who, int fd, Py_buffer *rx, Py_ssiz
     }
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iov[MAX_BATCH];
+    struct iovec iov3[MAX_BATCH][3];
     struct sockaddr_in src[MAX_BATCH];
-    batch_slots(msgs, iov, src, rx->buf, slot);
-    int would_block;
-    int got = recv_batch(fd, msgs, &would_block);
-    if (got < 0) {
-        Py_DECREF(slow);
-        return NULL;
-    }
+    long pfirst[MAX_BATCH], pbytes[MAX_BATCH];
+    uint8_t in_place[MAX_BATCH];
+    int scatter = nf == 1;
+    Py_ssize_t ev_cap = events->len / (Py_ssize_t)(EVENT_FIELDS * 8);
     long foreign = 0;
-    int nev = 0;
-    for (int m = 0; m < got; m++) {
-        const uint8_t *d = iov[m].iov_base;
-        size_t len = msgs[m].msg_len;
-        if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
-            foreign++;
-            continue;
+    int nev = 0, drained = 0;
+    uint8_t touched[MAX_FETCHES];
+    for (int round = 0;; round++) {
+        memset(touched, 0, sizeof(touched));
+        batch_slots(msgs, iov, src, rx->buf, slot);
+        if (scatter) {
+            plan_scatter(&f[0], frag_bytes, msgs, iov3, rx->buf, slot, pfirst, pbytes);
         }
-        int fast = 0;
-        if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
-            uint64_t key = be64(d + 8);
-            int tenant = be16(d + 4);
-            for (Py_ssize_t i = 0; i < nf; i++) {
-                if (f[i].key == key && f[i].tenant == tenant) {
-                    fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
-                                     events->buf, &nev, i);
-                    break;
-                }
-            }
-        }
-        if (!fast && append_slow(slow, d, len) < 0) {
+        int would_block;
+        int got = recv_batch(fd, msgs, &would_block);
+        if (got < 0) {
             Py_DECREF(slow);
             return NULL;
         }
+        long batch_k = 0;
+        for (int m = 0; m < got; m++) {
+            in_place[m] = scatter && settle_slot(&f[0], frag_bytes, version_op, iov[m].iov_base,
+                                                 msgs[m].msg_len,
+                                                 (msgs[m].msg_hdr.msg_flags & MSG_TRUNC) != 0,
+                                                 pfirst[m], pbytes[m], &batch_k);
+        }
+        if (batch_k > 0) {
+            f[0].stream[6] = batch_k;
+        }
+        /* Pass 0 takes the DATA received in place (their ranges are disjoint and nothing else
+         * has written there), pass 1 everything else, which may then only fill what is still
+         * missing. */
+        for (int pass = 0; pass < 2; pass++) {
+            for (int m = 0; m < got; m++) {
+                if (in_place[m] != (pass == 0)) {
+                    continue;
+                }
+                uint8_t *d = iov[m].iov_base;
+                size_t len = msgs[m].msg_len;
+                if (check_src && !source_ok(&src[m], kvp_port, tip, tport, ntrusted)) {
+                    foreign++;
+                    continue;
+                }
+                int fast = 0;
+                if (!(msgs[m].msg_hdr.msg_flags & MSG_TRUNC) && len >= KVP_HDR) {
+                    uint64_t key = be64(d + 8);
+                    int tenant = be16(d + 4);
+                    for (Py_ssize_t i = 0; i < nf; i++) {
+                        if (f[i].key == key && f[i].tenant == tenant) {
+                            fast = take_data(&f[i], d, len, version_op, my_group, frag_bytes,
+                                             events->buf, &nev, i, in_place[m]);
+                            touched[i] |= (uint8_t)fast;
+                            break;
+                        }
+                    }
+                }
+                if (!fast && in_place[m]) { /* not taken: the slow path gets it whole */
+                    memcpy(d + KVP_HDR, f[0].out + pfirst[m] * (long)frag_bytes, len - KVP_HDR);
+                }
+                if (!fast && append_slow(slow, d, len) < 0) {
+                    Py_DECREF(slow);
+                    return NULL;
+                }
+            }
+        }
+        /* Another batch only while the socket had a full one, nothing waits for Python (a slow
+         * datagram, a finished fetch), another batch's events fit, and within MAX_ROUNDS. */
+        if (would_block || got < MAX_BATCH) {
+            drained = 1;
+            break;
+        }
+        if (round + 1 >= MAX_ROUNDS || PyList_GET_SIZE(slow) > 0 || nev + MAX_BATCH > ev_cap ||
+            any_complete(f, nf, touched)) {
+            break;
+        }
     }
-    PyObject *result = Py_BuildValue("iOli", nev, slow, foreign, would_block || got < MAX_BATCH);
+    PyObject *result = Py_BuildValue("iOli", nev, slow, foreign, drained);
     Py_DECREF(slow);
     return result;
 }
@@ -448,13 +690,20 @@ static int fetch_buffers(const char *who, fetch_t *f, Py_buffer *out, Py_buffer 
  *     checked when check_src).
  * out: the tensor's bytes (writable); frag: the per-fragment state bytearray; owner: one
  *     uint64 per fragment, the request id that last asked for it.
- * events: a writable int64 buffer of MAX_BATCH * EVENT_FIELDS; per fast-path DATA that
+ * events: a writable int64 buffer of at least MAX_BATCH * EVENT_FIELDS (a call takes another
+ *     recvmmsg batch only while the buffer has room for its events: MAX_ROUNDS batches need
+ *     MAX_ROUNDS times that); per fast-path DATA that
  *     answers one of our GETs: rid, first, last, new fragments, flags, crc_ok (1/0), 0 (the
- *     fetch's index, as in recv_fetches).
+ *     fetch's index, as in recv_fetches). A pool DATA (not HIT) with a good CRC and new
+ *     fragments that continues the previous event's GET where it ended (first == its last,
+ *     same flags) extends that event instead (last, new fragments added).
  * Replicas of our group need no per-GET bookkeeping: they are only counted, in `stream`, a
  *     writable int64 buffer of STREAM_FIELDS: new fragments served from SRAM (HIT), new
  *     fragments from a pool, replicas that brought nothing new, replicas failing their CRC,
- *     and one past the highest fragment a replica with a good CRC carried.
+ *     and one past the highest fragment a replica with a good CRC carried; then what the call
+ *     learned for receiving in place (plan_scatter), kept between calls: the fragment after
+ *     the last DATA received, and the most fragments a DATA of the last batch carried (the
+ *     caller may seed it; below SCATTER_MIN_FRAGS nothing is received in place).
  * Every datagram that is not such a DATA (NACK, another chunk, anything odd, a DATA whose
  * range or owner does not match) is returned as bytes in slow_list, for the Python path.
  */
@@ -767,7 +1016,7 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
             if (slot != NULL && held == tag) {
                 memcpy(&crc, slot + 4, 4);
             } else {
-                crc = crc32_update(crc32_update(seed, o + 24, 2), data + lo, hi - lo);
+                crc = crc32_update(crc32_tables(seed, o + 24, 2), data + lo, hi - lo);
                 if (slot != NULL) {
                     memcpy(slot, &tag, 4);
                     memcpy(slot + 4, &crc, 4);
@@ -851,6 +1100,59 @@ static PyObject *py_send_gets(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(done_n);
 }
 
+/* ------------------------------------------------------------------ recv_datagrams */
+
+/*
+ * recv_datagrams(fd, rxbuf, slot) -> [(length, ipv4 host-order int, port), ...]
+ *
+ * A pool node's GETs, one recvmmsg() for up to MAX_BATCH of them (MSG_DONTWAIT; an empty list
+ * when none is queued): datagram m is bytes [m*slot, m*slot + length) of rxbuf. slot must be
+ * at least 65536, so no UDP datagram is ever cut short (a datagram is what recvfrom would
+ * give). ValueError when rxbuf holds fewer than MAX_BATCH slots; OSError for a socket error
+ * other than "nothing queued" (an ICMP error reported on the socket is skipped, as recvfrom's
+ * caller does).
+ */
+static PyObject *py_recv_datagrams(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    Py_ssize_t slot;
+    Py_buffer rx;
+    if (!PyArg_ParseTuple(args, "iw*n", &fd, &rx, &slot)) {
+        return NULL;
+    }
+    if (slot < 65536 || rx.len < slot * MAX_BATCH) {
+        PyBuffer_Release(&rx);
+        PyErr_SetString(PyExc_ValueError,
+                        "recv_datagrams: slot below 65536 or rxbuf holds fewer than MAX_BATCH");
+        return NULL;
+    }
+    struct mmsghdr msgs[MAX_BATCH];
+    struct iovec iov[MAX_BATCH];
+    struct sockaddr_in src[MAX_BATCH];
+    batch_slots(msgs, iov, src, rx.buf, slot);
+    int would_block;
+    int got = recv_batch(fd, msgs, &would_block);
+    PyBuffer_Release(&rx);
+    if (got < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(got);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (int m = 0; m < got; m++) {
+        PyObject *t = Py_BuildValue("(IkH)", msgs[m].msg_len,
+                                    (unsigned long)ntohl(src[m].sin_addr.s_addr),
+                                    ntohs(src[m].sin_port));
+        if (t == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, m, t);
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------ recv_count */
 
 /*
@@ -914,6 +1216,9 @@ static PyObject *py_crc_impl(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
 #ifdef HAVE_CLMUL_PATH
+    if (have_vclmul) {
+        return PyUnicode_FromString("vpclmul");
+    }
     if (have_clmul) {
         return PyUnicode_FromString("pclmul");
     }
@@ -921,27 +1226,47 @@ static PyObject *py_crc_impl(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(zlib_crc32 != NULL ? "zlib" : "tables");
 }
 
-static PyObject *py_crc32_tables(PyObject *self, PyObject *args) {
+/* crc32_with(impl, data, value=0): one CRC-32 implementation by name, for the tests that
+ * compare each with zlib ('vpclmul' and 'pclmul' only where the processor has them). */
+static PyObject *py_crc32_with(PyObject *self, PyObject *args) {
     (void)self;
+    const char *impl;
     Py_buffer data;
     unsigned int value = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &data, &value)) {
+    if (!PyArg_ParseTuple(args, "sy*|I", &impl, &data, &value)) {
         return NULL;
     }
-    uint32_t crc = crc32_tables(value, data.buf, (size_t)data.len);
+    const uint8_t *p = data.buf;
+    size_t n = (size_t)data.len;
+    uint32_t crc;
+    if (strcmp(impl, "tables") == 0) {
+        crc = crc32_tables(value, p, n);
+#ifdef HAVE_CLMUL_PATH
+    } else if (strcmp(impl, "pclmul") == 0 && have_clmul) {
+        crc = n >= 64 ? crc32_clmul(value, p, n) : crc32_tables(value, p, n);
+    } else if (strcmp(impl, "vpclmul") == 0 && have_vclmul) {
+        crc = n >= 128 ? crc32_vclmul(value, p, n) : crc32_tables(value, p, n);
+#endif
+    } else {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "crc32_with: %s is not available here", impl);
+    }
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(crc);
 }
 
 static PyMethodDef methods[] = {
-    {"crc_impl", py_crc_impl, METH_NOARGS, "crc_impl(): 'pclmul', 'zlib' (libz) or 'tables'."},
-    {"crc32_tables", py_crc32_tables, METH_VARARGS,
-     "crc32_tables(data, value=0): the built-in slice-by-8 CRC-32 (what runs without libz)."},
+    {"crc_impl", py_crc_impl, METH_NOARGS, "crc_impl(): 'vpclmul', 'pclmul', 'zlib' (libz) or 'tables'."},
+    {"crc32_with", py_crc32_with, METH_VARARGS,
+     "crc32_with(impl, data, value=0): CRC-32 by 'tables', 'pclmul' or 'vpclmul' (tests)."},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib's CRC-32, continued from value."},
     {"recv_fetch", py_recv_fetch, METH_VARARGS,
      "Receive a batch of datagrams for one fetch (see kvcast/_native.c)."},
     {"recv_fetches", py_recv_fetches, METH_VARARGS,
      "Receive a batch of datagrams for several fetches at once (see kvcast/_native.c)."},
+    {"recv_datagrams", py_recv_datagrams, METH_VARARGS,
+     "recv_datagrams(fd, rxbuf, slot): one recvmmsg of up to MAX_BATCH datagrams, each "
+     "(length, ipv4 int, port) at m*slot of rxbuf."},
     {"recv_count", py_recv_count, METH_VARARGS,
      "recv_count(fd, rxbuf, slot, count, timeout_ms): receive count datagrams, touch nothing."},
     {"send_batch", py_send_batch, METH_VARARGS,
@@ -966,6 +1291,8 @@ PyMODINIT_FUNC PyInit__native(void) {
 #ifdef HAVE_CLMUL_PATH
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    have_vclmul = have_clmul && __builtin_cpu_supports("vpclmulqdq") &&
+                  __builtin_cpu_supports("avx2");
 #endif
     void *libz = dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
     if (libz != NULL) {
@@ -976,6 +1303,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_ROUNDS", MAX_ROUNDS) < 0 ||
         PyModule_AddIntConstant(m, "SEND_BATCH", SEND_BATCH) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_FIELDS", EVENT_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "STREAM_FIELDS", STREAM_FIELDS) < 0 ||

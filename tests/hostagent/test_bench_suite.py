@@ -46,6 +46,8 @@ def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch)
             assert row["skipped"].startswith("kvcast._native-not-built")
         else:
             assert float(row["ratio"]) > 0 and float(row["ceiling_MBps"]) > 0
+    if native is not None:
+        assert float(fields["agent_receive"]["cpu_ratio"]) > 0
     # The multi-chunk line needs only a pool node process (in-memory backend): always measured.
     multi = fields["multi_chunk"]
     assert float(multi["serial_MBps"]) > 0 and float(multi["windowed_MBps"]) > 0

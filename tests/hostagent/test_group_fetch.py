@@ -333,3 +333,44 @@ def test_a_follower_whose_stream_lost_its_last_fragments_repairs_without_a_stall
         report = _follow_with_gaps(chunk, {98, 99}, server.address)
     # Repaired once the stream in its tail went quiet, not after the 5 s stall.
     assert report.ok and not report.stalled and report.repairs >= 2
+
+
+def test_a_hostile_multi_fragment_stream_leaves_only_verified_bytes_on_both_data_paths() -> None:
+    """Bad CRCs, a forged duplicate, reordering, short and out-of-range DATA, all queued at once.
+
+    The native path receives predicted DATA straight into the tensor (kvcast._native's
+    scatter); the Python path copies each checked payload. Both must end with exactly the
+    chunk, count the same drops, and never let a later copy overwrite a fragment they hold.
+    """
+    n, per = 60, 5  # DATAs of 5 fragments: what a 1500-byte MTU client expects first
+    chunk = os.urandom(n * c.FRAG_BYTES - 33)
+    fb = c.FRAG_BYTES
+
+    def data(first: int, body: bytes | None = None) -> bytes:
+        last = min(first + per, n)
+        payload = chunk[first * fb : last * fb] if body is None else body
+        return wire.data_message(TENANT, KEY, first, n, payload, group=GROUP,
+                                 flags=c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA)  # fmt: skip
+
+    bad = bytearray(data(0))
+    bad[-1] ^= 0x40  # the CRC fails
+    forged = data(5, os.urandom(per * fb))  # a valid CRC over other bytes, after the real one
+    short = data(20)[: c.KVP_HDR_BYTES + 600]  # the header says 1,280 payload bytes
+    beyond = bytearray(data(50))
+    beyond[24:26] = (58).to_bytes(2, "big")  # fragments 58-62 of a 60-fragment chunk
+    order = [bytes(bad), data(5), forged, data(15), data(10), data(0), short, bytes(beyond)]
+    order += [data(f) for f in range(20, n, per)]
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    try:
+        with FetchClient(None, ("127.0.0.1", 9), group=GROUP, socket_buffer_bytes=8 << 20,
+                         deadline_s=10.0) as follower:  # fmt: skip
+            for msg in order:
+                sender.sendto(msg, follower.address)
+            out = torch.zeros(len(chunk), dtype=torch.uint8)
+            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+    finally:
+        sender.close()
+    assert report.ok and as_bytes(out) == chunk
+    assert (report.crc_failures, report.duplicates, report.invalid) == (1, 1, 2)
+    assert report.frags_stream == n and report.repairs == 0 and not report.stalled

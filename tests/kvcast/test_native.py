@@ -38,6 +38,65 @@ def test_crc32_is_zlibs(n: int) -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("impl", ["tables", "pclmul", "vpclmul"])
+def test_every_crc32_implementation_is_zlibs_at_every_length(impl: str) -> None:
+    """Each length from 0 to 1,100 bytes (every tail and fold boundary), then larger ones."""
+    assert native is not None
+    try:
+        native.crc32_with(impl, b"")
+    except ValueError:
+        pytest.skip(f"the processor has no {impl}")
+    data = os.urandom(70_000)
+    for n in [*range(1101), 8704, 65_536, 69_999]:
+        seed = n * 0x9E3779B1 & 0xFFFFFFFF
+        assert native.crc32_with(impl, data[:n], seed) == zlib.crc32(data[:n], seed), n
+    assert native.crc32_with(impl, memoryview(data)[3:300]) == zlib.crc32(data[3:300])
+
+
+@needs_native
+def test_crc32_with_refuses_an_unknown_implementation() -> None:
+    assert native is not None
+    with pytest.raises(ValueError, match="not available"):
+        native.crc32_with("sse9", b"x")
+    assert native.crc_impl() in ("vpclmul", "pclmul", "zlib", "tables")
+
+
+@needs_native
+def test_recv_datagrams_gives_each_datagram_whole_with_its_sender_and_refuses_small_buffers() -> (
+    None
+):
+    assert native is not None
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        buf = bytearray(65536 * native.MAX_BATCH)
+        assert native.recv_datagrams(rx.fileno(), buf, 65536) == []  # nothing queued
+        sizes = [0, 1, 296, 65_507] + [i + 40 for i in range(native.MAX_BATCH)]
+        sent = [os.urandom(n) for n in sizes]
+        for d in sent:
+            tx.sendto(d, rx.getsockname())
+        port = tx.getsockname()[1]
+        got: list[bytes] = []
+        while len(got) < len(sent):
+            batch = native.recv_datagrams(rx.fileno(), buf, 65536)
+            assert 0 < len(batch) <= native.MAX_BATCH
+            for m, (n, ip, sport) in enumerate(batch):
+                assert (ip, sport) == (0x7F000001, port)
+                got.append(bytes(buf[m * 65536 : m * 65536 + n]))
+        assert got == sent
+        with pytest.raises(ValueError):
+            native.recv_datagrams(rx.fileno(), buf, 2048)  # a datagram could be cut short
+        with pytest.raises(ValueError):
+            native.recv_datagrams(rx.fileno(), bytearray(65536), 65536)
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
 def test_send_batch_sends_each_pair_as_one_datagram() -> None:
     assert native is not None
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -106,10 +165,164 @@ def test_recv_fetch_takes_owned_data_and_returns_the_rest() -> None:
     first = list(events[0:7])
     assert first == [1000, 0, 2, 2, c.KVP_FLAG_POOL, 1, 0]
     assert list(events[7:14])[3:6] == [0, c.KVP_FLAG_POOL, 0]  # the corrupted one: CRC fails
-    assert list(stream) == [1, 0, 0, 0, 4]  # one new fragment from SRAM, up to fragment 4
+    assert list(stream)[:5] == [1, 0, 0, 0, 4]  # one new fragment from SRAM, up to fragment 4
+    assert list(stream)[5:] == [4, 2]  # the next DATA is expected at 4, of up to 2 fragments
     assert bytes(out[: 2 * fb]) == chunk[: 2 * fb] and frag == bytearray([2, 2, 1, 2])
     assert bytes(out[3 * fb :]) == chunk[3 * fb :]
     assert [bytes(s) for s in slow] == [stolen, other]
+
+
+@needs_native
+def test_recv_fetch_takes_several_batches_per_call_and_stops_when_the_fetch_is_complete() -> None:
+    """A queue of 300 replicas is drained in one call (5 recvmmsg batches); a fetch that
+    completes in a full batch ends the call there, leaving what follows in the socket."""
+    assert native is not None
+    tenant, key, group, fb = 3, 0xABC, 7, c.FRAG_BYTES
+
+    def stream(k: int, n: int, chunk: bytes) -> list[bytes]:
+        return [
+            data_message(
+                tenant,
+                k,
+                i,
+                n,
+                chunk[i * fb : (i + 1) * fb],
+                group=group,
+                flags=c.KVP_FLAG_HIT | c.KVP_FLAG_REPLICA,
+            )  # fmt: skip
+            for i in range(n)
+        ]
+
+    def receive(k: int, n: int, chunk_len: int) -> tuple[int, bytearray, bytearray, list[int]]:
+        out, frag = bytearray(chunk_len), bytearray(n)
+        st = array("q", bytes(8 * native.STREAM_FIELDS))
+        nev, slow, _, drained = native.recv_fetch(
+            rx.fileno(), rxbuf, 65536, False, (), c.KVP_UDP_PORT,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, k, 0, group,
+            chunk_crc_seed(tenant, k), chunk_len, fb, 0, 0, out, frag,
+            array("L", bytes(8 * n)), events, st,
+        )  # fmt: skip
+        assert nev == 0 and slow == []
+        return drained, out, frag, list(st)
+
+    long_chunk, one_batch = os.urandom(300 * fb), os.urandom(native.MAX_BATCH * fb)
+    events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+    rxbuf = bytearray(65536 * native.MAX_BATCH)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        for msg in stream(key, 300, long_chunk):
+            tx.sendto(msg, rx.getsockname())
+        drained, out, frag, st = receive(key, 300, len(long_chunk))
+        assert drained == 1 and bytes(out) == long_chunk and st[:5] == [300, 0, 0, 0, 300]
+        # One full batch completes the chunk; 100 datagrams of the next one wait behind it.
+        for msg in stream(key, native.MAX_BATCH, one_batch) + stream(key + 1, 100, long_chunk):
+            tx.sendto(msg, rx.getsockname())
+        drained, out, frag, st = receive(key, native.MAX_BATCH, len(one_batch))
+        assert drained == 0 and bytes(out) == one_batch and frag.count(2) == native.MAX_BATCH
+        assert native.recv_count(rx.fileno(), rxbuf, 65536, 100, 200) == (100, 100 * (40 + fb))
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_native
+def test_recv_fetch_books_consecutive_datas_of_one_get_as_one_event() -> None:
+    """A pool node answers a GET with several DATAs in a row: one event for the run (its range
+    and new fragments summed); a duplicate, a bad CRC or another GET starts a new event."""
+    assert native is not None
+    tenant, key, n, fb = 3, 0xABC, 8, c.FRAG_BYTES
+    chunk = os.urandom(n * fb)
+
+    def data(first: int, rid: int) -> bytes:
+        return data_message(tenant, key, first, n, chunk[first * fb : (first + 2) * fb],
+                            req_id=rid)  # fmt: skip
+
+    bad = bytearray(data(6, 1001))
+    bad[-1] ^= 1
+    order = [data(0, 1000), data(2, 1000), data(4, 1000), data(2, 1000), data(6, 1001)]
+    order += [bytes(bad)]
+    owner = array("L", [1000] * 6 + [1001] * 2)
+    frag = bytearray([1] * n)
+    out = bytearray(len(chunk))
+    events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        for msg in order:
+            tx.sendto(msg, rx.getsockname())
+        nev, slow, _, _ = native.recv_fetch(
+            rx.fileno(), bytearray(65536 * native.MAX_BATCH), 65536, False, (), c.KVP_UDP_PORT,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, 0, chunk_crc_seed(tenant, key),
+            len(chunk), fb, 1000, 2, out, frag, owner, events,
+            array("q", bytes(8 * native.STREAM_FIELDS)),
+        )  # fmt: skip
+    finally:
+        rx.close()
+        tx.close()
+    pool = c.KVP_FLAG_POOL
+    assert slow == [] and nev == 4
+    assert [list(events[i * 7 : i * 7 + 7]) for i in range(nev)] == [
+        [1000, 0, 6, 6, pool, 1, 0],  # three DATAs, one event
+        [1000, 2, 4, 0, pool, 1, 0],  # the duplicate
+        [1001, 6, 8, 2, pool, 1, 0],
+        [1001, 6, 8, 0, pool, 0, 0],  # the bad CRC: nothing new
+    ]
+    assert bytes(out) == chunk and frag == bytearray([2] * n)
+
+
+@needs_native
+def test_recv_fetch_receives_predicted_data_in_place_and_never_over_a_present_fragment() -> None:
+    """The scatter of recv_fetch: a DATA predicted for its slot lands in the tensor directly
+    (its slot in the batch buffer stays untouched); a fragment already PRESENT is never a
+    destination, so a forged copy with a valid CRC cannot overwrite it; a DATA that lands in
+    another's predicted place is put back together and checked like any other; bad bytes in
+    place are never marked PRESENT."""
+    assert native is not None
+    tenant, key, n, per, group = 3, 0xABC, 16, 4, 7
+    fb = c.FRAG_BYTES
+    chunk = os.urandom(n * fb)
+
+    def data(first: int, body: bytes | None = None) -> bytes:
+        payload = chunk[first * fb : (first + per) * fb] if body is None else body
+        return data_message(tenant, key, first, n, payload, group=group,
+                            flags=c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA)  # fmt: skip
+
+    forged = data(0, os.urandom(per * fb))  # valid CRC, other bytes, for fragments held
+    bad = bytearray(data(12))
+    bad[-1] ^= 1
+    order = [forged, data(4), bytes(bad), data(8), data(12)]
+    out = bytearray(b"\xee" * len(chunk))
+    out[: per * fb] = chunk[: per * fb]
+    frag = bytearray([2] * per + [0] * (n - per))  # fragments 0-3 PRESENT already
+    stream = array("q", bytes(8 * native.STREAM_FIELDS))
+    stream[5], stream[6] = 0, per  # the next DATA from fragment 0, 4 fragments each
+    events = array("q", bytes(8 * native.MAX_BATCH * native.EVENT_FIELDS))
+    rxbuf = bytearray(b"\xaa" * (65536 * native.MAX_BATCH))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        for msg in order:
+            tx.sendto(msg, rx.getsockname())
+        nev, slow, foreign, _ = native.recv_fetch(
+            rx.fileno(), rxbuf, 65536, False, (), c.KVP_UDP_PORT,
+            (c.KVP_VERSION << 4) | c.KVP_OP_DATA, tenant, key, 0, group,
+            chunk_crc_seed(tenant, key), len(chunk), fb, 0, 0, out, frag,
+            array("L", bytes(8 * n)), events, stream,
+        )  # fmt: skip
+    finally:
+        rx.close()
+        tx.close()
+    assert (nev, slow, foreign) == (0, [], 0)
+    assert bytes(out) == chunk and frag == bytearray([2] * n)
+    assert list(stream) == [0, 12, 1, 1, 16, 16, per]  # 12 new, 1 duplicate, 1 bad CRC
+    # DATA 4-7 was the second datagram, predicted for slot 1: received in place.
+    slot1 = rxbuf[65536 + c.KVP_HDR_BYTES : 65536 + c.KVP_HDR_BYTES + per * fb]
+    assert slot1 == b"\xaa" * (per * fb)
 
 
 @needs_native

@@ -14,6 +14,7 @@ from kvcast import p4constants as c
 from kvcast.wire import KvpHeader, fragment_crc, get_message
 from poolnode.backend import InMemoryBackend, PoolBackendError
 from poolnode.server import (
+    MAX_GET_FRAGMENTS,
     ChunkCache,
     DataAnswer,
     KvpGetHandler,
@@ -285,6 +286,49 @@ def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
         assert srv.stats.bytes_sent == sum(len(d) for d in expected)
         assert srv.stats.send_errors == srv.stats.internal_errors == 0
         assert srv.stats.data_payload_bytes == reference.stats.data_payload_bytes
+
+
+def test_a_queued_burst_of_hostile_datagrams_gets_the_handlers_answers_on_both_data_paths(
+    data_path: str, backend: InMemoryBackend, client: socket.socket
+) -> None:
+    # Queued before the server reads anything, so the native path takes them in recvmmsg
+    # batches (more than one: 64 per call): the replies, their order and every counter must be
+    # the Python path's, one recvfrom per datagram.
+    good = get_message(TENANT, KEY, 0, req_id=1, count=NFRAGS)
+    data_op = bytearray(get_message(TENANT, KEY, 0, req_id=9))
+    data_op[0] = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
+    burst = [
+        good,
+        good,  # a duplicate: dropped
+        b"\x11" * 12,  # too short for a header: malformed, no reply
+        get_message(TENANT, KEY, 0, req_id=2, count=MAX_GET_FRAGMENTS + 1),  # oversized: NACK
+        get_message(TENANT, KEY + 1, 0, req_id=3),  # not found: NACK
+        get_message(TENANT, KEY, NFRAGS - 1, req_id=4, count=2),  # past the end: NACK
+        get_message(TENANT, KEY, 0, req_id=5)[:-1],  # no full placeholder: NACK
+        bytes(data_op),  # not a GET: counted, no reply
+        bytes(60_000),  # a large datagram of zeros: malformed
+    ]
+    burst += [get_message(TENANT, KEY, i % NFRAGS, req_id=100 + i) for i in range(70)]
+    reference = KvpGetHandler(backend)
+    expected = [h + bytes(p) for d in burst for h, p in reference.handle(d)]
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    srv = PoolServer(backend, "127.0.0.1", 0)
+    srv.bind()
+    try:
+        for d in burst:
+            client.sendto(d, srv.address)
+        srv.start()
+        got = [client.recv(65536) for _ in expected]
+        client.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            client.recv(65536)
+    finally:
+        srv.stop()
+    assert got == expected
+    ours, theirs = srv.stats.as_dict(), reference.stats.as_dict()
+    assert ours.pop("bytes_sent") == sum(len(d) for d in expected)
+    theirs.pop("bytes_sent")
+    assert ours == theirs and ours["duplicate_gets"] == 1 and ours["malformed"] == 2
 
 
 def test_a_served_get_is_an_answer_whose_datas_are_the_handlers_replies(
