@@ -130,6 +130,11 @@ MIN_RETRY_TIMEOUT_S = 0.01
 # emulation, followers re-asked 7-11 GETs' worth of a 32 KiB prefix the stream then brought).
 QUIET_FACTOR = 16
 QUIET_MIN_S = MIN_RETRY_TIMEOUT_S
+# ... and at least QUIET_ARRIVALS times the mean time between its arrivals: a jumbo DATA carries
+# 34 fragments, so 16 fragment spacings were half of one DATA's spacing on a slow pool link
+# (8.7 KB every 35 ms at 2 Mbit/s), and every follower of a 32-host group repaired its tail
+# while the stream was still coming (62 redundant GETs to the pool per point in the demo).
+QUIET_ARRIVALS = 3
 # At the tail of a fetch no later GET can overtake a lost one: a first-try GET unanswered for
 # this many smoothed round trips plus four deviations (at least TAIL_PROBE_MIN_S) is sent again
 # (TCP's tail loss probe); a spurious probe costs one duplicate answer.
@@ -338,6 +343,8 @@ class _State:
     direct_done: bool = False
     stall_s: float = 0.0
     last_progress: float = 0.0
+    arrivals: int = 0
+    """Receive passes that brought a follower new fragments (for its mean arrival spacing)."""
     started: float = 0.0
     answered: int = -1
     """The latest-sent GET of this fetch that has been answered (its offset from rid_base)."""
@@ -937,7 +944,11 @@ class FetchClient:
                     # In the tail: a stream gone quiet has ended (see QUIET_FACTOR).
                     got = st.report.frags_stream
                     spacing = (st.last_progress - st.started) / got if got else st.stall_s
-                    quiet = min(st.stall_s, max(QUIET_MIN_S, QUIET_FACTOR * spacing))
+                    gap = (st.last_progress - st.started) / st.arrivals if st.arrivals else 0.0
+                    quiet = min(
+                        st.stall_s,
+                        max(QUIET_MIN_S, QUIET_FACTOR * spacing, QUIET_ARRIVALS * gap),
+                    )
                     if now >= st.last_progress + quiet:
                         behind = st.n
                     else:
@@ -1424,6 +1435,7 @@ class FetchClient:
             report.crc_failures += bad
             if new and st.listening:
                 st.last_progress = time.monotonic()
+                st.arrivals += 1
 
     def _drain_native_many(self, active: list[_State], fd: int, check_src: bool) -> None:
         """``_drain_native`` for several fetches at once (``kvcast._native.recv_fetches``).
@@ -1518,6 +1530,7 @@ class FetchClient:
                     report.repairs += new
                 if st.listening:
                     st.last_progress = time.monotonic()
+                    st.arrivals += 1
             if g is not None:
                 if flags & c.KVP_FLAG_HIT:
                     del inflight[rid]
@@ -1626,6 +1639,7 @@ class FetchClient:
                 report.repairs += new
             if st.listening:
                 st.last_progress = time.monotonic()
+                st.arrivals += 1
         if g is not None:
             if flags & c.KVP_FLAG_HIT:
                 # The switch answers a GET with its first fragment only: ask for the rest anew.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -333,6 +334,53 @@ def test_a_follower_whose_stream_lost_its_last_fragments_repairs_without_a_stall
         report = _follow_with_gaps(chunk, {98, 99}, server.address)
     # Repaired once the stream in its tail went quiet, not after the 5 s stall.
     assert report.ok and not report.stalled and report.repairs >= 2
+
+
+def test_a_follower_waits_for_the_next_jumbo_data_of_a_slow_stream() -> None:
+    """A stream of 34-fragment DATAs (a 9000-byte MTU), one every 40 ms (a slow pool link).
+
+    Sixteen fragment spacings are half of one DATA's: a follower that took that for the end of
+    the stream asked the pool for its tail while the stream was still bringing it. The quiet
+    time is also at least QUIET_ARRIVALS of its arrival spacings, so it asks for nothing.
+    """
+    per, gap_s = 34, 0.04
+    chunk = os.urandom(200 * c.FRAG_BYTES)
+    n = -(-len(chunk) // c.FRAG_BYTES)
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, chunk)
+    seen: list[KvpHeader] = []
+    inner = pool(backend)
+
+    def record(datagram: bytes) -> list[bytes]:
+        seen.append(KvpHeader.unpack(datagram))
+        return inner(datagram)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
+
+    def stream(to: Address) -> None:
+        for first in range(0, n, per):
+            body = chunk[first * c.FRAG_BYTES : (first + per) * c.FRAG_BYTES]
+            flags = c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA
+            sock.sendto(
+                wire.data_message(TENANT, KEY, first, n, body, group=GROUP, flags=flags), to
+            )
+            time.sleep(gap_s)
+
+    try:
+        with (
+            FakeServer(record) as server,
+            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
+        ):
+            sender = threading.Thread(target=stream, args=(follower.address,))
+            sender.start()
+            out = torch.zeros(len(chunk), dtype=torch.uint8)
+            report = follower.follow(TENANT, KEY, out, stall_s=5.0)
+            sender.join()
+    finally:
+        sock.close()
+    assert report.ok and as_bytes(out) == chunk
+    assert report.repairs == 0 and seen == []
 
 
 def test_a_hostile_multi_fragment_stream_leaves_only_verified_bytes_on_both_data_paths() -> None:
