@@ -154,6 +154,18 @@ class Dropping:
         return self.inner(datagram)
 
 
+class Recording:
+    """The pool, keeping the header of every datagram it was sent in ``seen``."""
+
+    def __init__(self, backend: InMemoryBackend) -> None:
+        self.inner = pool(backend)
+        self.seen: list[KvpHeader] = []
+
+    def __call__(self, datagram: bytes) -> list[bytes]:
+        self.seen.append(KvpHeader.unpack(datagram))
+        return self.inner(datagram)
+
+
 class Stalling:
     """The pool, but it stalls once for ``stall_s`` before answering the ``at``-th GET.
 

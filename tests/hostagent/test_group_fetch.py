@@ -24,7 +24,7 @@ from kvcast import wire
 from kvcast.wire import KvpHeader
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
-from tests.hostagent.fakes import FakeServer, MulticastRelay, pool, silent
+from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent
 from tests.hostagent.refbridge import RefSwitchBridge
 
 # Each test runs on the native data path and on the pure-Python one.
@@ -181,14 +181,10 @@ def test_follower_ignores_the_stream_of_another_chunk(backend: InMemoryBackend) 
 
 
 def test_leader_gets_name_the_group_and_nocache_and_follower_repairs_do_not() -> None:
-    seen: list[KvpHeader] = []
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, CHUNK)
-    inner = pool(backend)
-
-    def record(datagram: bytes) -> list[bytes]:
-        seen.append(KvpHeader.unpack(datagram))
-        return inner(datagram)
+    record = Recording(backend)
+    seen = record.seen
 
     with FakeServer(record) as srv:
         with client(srv.address, None, GROUP, nocache=True) as leader:
@@ -302,12 +298,8 @@ def test_a_follower_asks_for_nothing_the_stream_has_not_gone_past() -> None:
     chunk = os.urandom(200 * c.FRAG_BYTES)
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, chunk)
-    seen: list[KvpHeader] = []
-    inner = pool(backend)
-
-    def record(datagram: bytes) -> list[bytes]:
-        seen.append(KvpHeader.unpack(datagram))
-        return inner(datagram)
+    record = Recording(backend)
+    seen = record.seen
 
     with FakeServer(record) as server:
         # The first half now, the rest once the follower is listening.
@@ -348,12 +340,8 @@ def test_a_follower_waits_for_the_next_jumbo_data_of_a_slow_stream() -> None:
     n = -(-len(chunk) // c.FRAG_BYTES)
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, chunk)
-    seen: list[KvpHeader] = []
-    inner = pool(backend)
-
-    def record(datagram: bytes) -> list[bytes]:
-        seen.append(KvpHeader.unpack(datagram))
-        return inner(datagram)
+    record = Recording(backend)
+    seen = record.seen
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
