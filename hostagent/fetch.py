@@ -352,8 +352,8 @@ class _State:
     """When a reply to one of this fetch's GETs last arrived (0.0: none yet)."""
     probe_at: float = 0.0
     """When the fetch last sent a tail probe (0.0: never)."""
-    probed: set[int] = field(default_factory=set)
-    """First fragments of tail probes not sent yet."""
+    probe_frag: int = -1
+    """First fragment of the tail probe not sent yet (-1: none; one probe per quiet spell)."""
     probe_rid: int = -1
     """Request id of the tail probe in flight (-1: none)."""
     fast_seen: int = -1
@@ -1128,8 +1128,8 @@ class FetchClient:
                 # its failures (timeouts, CRC failures, NACKs), not its fast re-sends
                 fails = t - fast[i]
                 due = now + (rrto if fails <= 1 else min(rto0 * (1 << fails), rto_max))
-            if st.probed and i in st.probed:  # a tail probe: see _expire
-                st.probed.discard(i)
+            if i == st.probe_frag:  # the tail probe: see _expire
+                st.probe_frag = -1
                 st.probe_rid = rid
             inflight[rid] = (i, j - i, due, now)
             if due < next_check:
@@ -1321,7 +1321,7 @@ class FetchClient:
             return due
         st.report.tail_probes += 1
         st.probe_at = now
-        st.probed.add(probe[1][0])
+        st.probe_frag = probe[1][0]
         self._give_up_get(st, probe[0], probe[1], fast=True)
         return now  # send it again at once
 
