@@ -86,6 +86,8 @@ _EVENT_FIELDS = 7
 # Replica counters (5), then what the native path learned of the stream's DATA to receive the
 # next ones in place: the fragment after the last DATA, the most fragments one has carried.
 _STREAM_FIELDS = 7
+# The most fragments a DATA carries (a 65,535-byte IP datagram), a bound on what is learned.
+_MAX_DATA_FRAGS = (65535 - 28 - _HDR) // _FB
 # Fetches one call of the native receive takes at once (kvcast/_native.c's MAX_FETCHES).
 MAX_FETCHES = 64
 # A follower asks for a missing fragment itself once the group's stream is this many fragments
@@ -496,7 +498,8 @@ class FetchClient:
         self.window = window
         self.max_chunks_in_flight = max_chunks_in_flight
         self.frags_per_get = frags_per_get or frags_per_data(mtu)
-        # The native path's first guess of a DATA's fragments (it learns the stream's own).
+        # The native path's first guess of a DATA's fragments: from the MTU, then what the last
+        # fetch's DATAs carried (its sender's MTU, which can differ from ours).
         self._data_frags = min(self.frags_per_get, frags_per_data(mtu))
         self.timeout_s = timeout_s
         self.max_timeout_s = max_timeout_s
@@ -888,6 +891,8 @@ class FetchClient:
             report.reason = reason
         report.duration_s = duration_s
         report.srtt_s, report.rto_s = st.srtt, st.rto
+        if st.stream[6] > 1:  # pool DATAs were seen (SRAM hits carry one fragment each)
+            self._data_frags = min(int(st.stream[6]), _MAX_DATA_FRAGS)
         if report.path == "none" and report.outcome is FetchOutcome.COMPLETE:
             report.path = "switch" if report.frags_hit * 2 >= report.frag_count else "pool"
         if self.reporter is not None:

@@ -410,3 +410,41 @@ def test_a_hostile_multi_fragment_stream_leaves_only_verified_bytes_on_both_data
     assert report.ok and as_bytes(out) == chunk
     assert (report.crc_failures, report.duplicates, report.invalid) == (1, 1, 2)
     assert report.frags_stream == n and report.repairs == 0 and not report.stalled
+
+
+def test_a_follower_keeps_the_data_size_its_last_stream_carried() -> None:
+    """A follower set up for 1500-byte frames follows a stream of 34-fragment DATAs twice.
+
+    The native path receives a DATA straight into the tensor where it predicts it, from the
+    fragments the DATAs before it carried; the client's first guess comes from its own MTU, so
+    the whole first batch of a jumbo stream missed. The next fetch starts from what the last
+    one saw; a fetch of one-fragment datagrams (SRAM hits) leaves it as it was.
+    """
+    per = 34
+    chunk = os.urandom(300 * c.FRAG_BYTES)
+    n = -(-len(chunk) // c.FRAG_BYTES)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    flags = c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA
+
+    def follow(key: int, frags_per_datagram: int) -> None:
+        for first in range(0, n, frags_per_datagram):
+            body = chunk[first * c.FRAG_BYTES : (first + frags_per_datagram) * c.FRAG_BYTES]
+            message = wire.data_message(TENANT, key, first, n, body, group=GROUP, flags=flags)
+            sock.sendto(message, follower.address)
+        out = torch.zeros(len(chunk), dtype=torch.uint8)
+        report = follower.follow(TENANT, key, out, stall_s=5.0)
+        assert report.ok and report.frags_stream == n and as_bytes(out) == chunk
+
+    try:
+        with FetchClient(
+            ("127.0.0.1", 9), group=GROUP, mtu=1500, socket_buffer_bytes=8 << 20
+        ) as follower:
+            native = follower._native is not None
+            assert follower._data_frags == 5
+            follow(KEY, per)
+            assert follower._data_frags == (per if native else 5)
+            follow(KEY + 1, 1)
+            assert follower._data_frags == (per if native else 5)
+    finally:
+        sock.close()
