@@ -1,6 +1,6 @@
 """Host agent fetch goodput into a tensor: through the reference switch, on loopback, vs Mooncake.
 
-Four measurements, each a ratio of two things measured side by side in one run:
+Each line is a ratio of two things measured side by side in one run:
 
 ``path=refswitch``
     The reference switch (``python -m refswitch``) runs as a process on two veth pairs. The host
@@ -46,6 +46,19 @@ Four measurements, each a ratio of two things measured side by side in one run:
     ``fetch_many`` keeping ``chunks_in_flight`` chunks in flight (``windowed_MBps``); ``ratio``
     is the serial time over the windowed time (> 1: the window helps).
 
+``path=agent_receive``
+    The agent's receive path alone (``measure_receive``): a chunk as multicast-replica DATA of
+    1 (``sram``, 256-B datagrams), 5 (``mtu1500``) or 34 (``mtu9000``) fragments, sent by a
+    native sender in its own process (``benchmarks.udp_feed``), received by a follower
+    ``FetchClient`` set up for that MTU and, alternately, by a C loop that only counts bytes
+    (``kvcast._native.recv_count``, the ceiling). ``feed=stream``: the receiver waits and the
+    sender sends (can the agent keep up with a native sender?); ``feed=drain``: the chunk is
+    queued first and the receiver is timed alone (what it costs per byte). ``cpu_ratio`` is
+    the ceiling's CPU time over the agent's.
+``path=pool_send``
+    The pool node's send of a 2 MiB chunk answering 256-fragment GETs (``answer`` and
+    ``send_data``) against ``send_batch`` of the same DATAs built beforehand (``measure_send``).
+
 ``path=mac``
     What end-to-end integrity costs (hostagent.integrity): a pool-node server in this process
     holds the chunk and its keyed MAC; fetches without the tenant key and with it (which also
@@ -64,6 +77,8 @@ Functions:
     measure_mooncake: Mooncake ``get_into`` vs KVP loopback fetch.
     measure_multi: a multi-chunk prefix, one chunk at a time vs several in flight.
     measure_mac: a fetch with the chunk's keyed MAC checked vs one without.
+    measure_receive: the agent's receive path vs a counting loop, fed by a native sender.
+    measure_send: the pool node's send vs sending the same DATAs prebuilt.
     run: the suite entry point (prints ``bench hostagent_fetch ...`` lines).
 """
 
@@ -573,49 +588,39 @@ def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
     }
 
 
-_STREAM_GROUP = 77
-# The sender of the pre-queued streams binds the KVP port on a loopback address of its own, so
-# the agent's source check takes its datagrams as a KVP service's.
-_STREAM_SENDER = ("127.0.0.3", 19286)
+def _now() -> float:
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def _stream(nbytes: int, frags_per_msg: int) -> list[tuple[bytes, memoryview]]:
-    """A chunk as multicast-replica DATA messages of ``frags_per_msg`` fragments each."""
-    data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
-    n = -(-nbytes // c.FRAG_BYTES)
-    out = []
-    for first in range(0, n, frags_per_msg):
-        lo = first * c.FRAG_BYTES
-        hi = min((first + frags_per_msg) * c.FRAG_BYTES, nbytes)
-        msg = wire.data_message(
-            TENANT, KEY, first, n, data[lo:hi], group=_STREAM_GROUP,
-            flags=c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA,
-        )  # fmt: skip
-        out.append((msg[: c.KVP_HDR_BYTES], memoryview(msg)[c.KVP_HDR_BYTES :]))
-    return out
-
-
-def _queue(
-    sender: socket.socket, to: tuple[str, int], msgs: list[tuple[bytes, memoryview]]
-) -> None:
-    for header, payload in msgs:
-        sender.sendto(header + bytes(payload), to)
-
-
-def measure_receive(nbytes: int, frags_per_msg: int, rounds: int) -> dict[str, float]:
+def measure_receive(
+    nbytes: int, frags_per_msg: int, rounds: int, mtu: int = JUMBO_MTU
+) -> dict[str, dict[str, float]]:
     """The agent's receive rate alone vs a receive loop that only counts (the ceiling).
 
-    Each round queues the whole chunk as multicast-replica DATA in the receiving socket's buffer
-    first, then times how long the receiver takes to drain it: a follower ``FetchClient``
-    (checks, CRC, copy into the tensor; whichever data path ``KVCAST_NATIVE`` selects), and
-    ``kvcast._native.recv_count`` on a plain socket. Alternated, medians. Both are also timed
-    in the receiving thread's CPU time (``time.thread_time``: the system calls included, the
-    time other processes hold the core not): on a shared machine a 5 ms drain is more often
-    interrupted than a 4 ms one, which the wall-clock ratio counts against the slower side.
+    A native sender in its own process (``benchmarks.udp_feed``: the chunk as multicast-replica
+    DATA of ``frags_per_msg`` fragments, prebuilt, one ``sendmmsg`` call) feeds two receivers:
+    a follower ``FetchClient`` set up for ``mtu`` (checks, CRC, the payload into the tensor;
+    whichever data path ``KVCAST_NATIVE`` selects) and ``kvcast._native.recv_count`` on a plain
+    socket. Two feeds, all four alternated each round, medians:
+
+    ``stream``
+        The sender starts while the receiver waits (the issue's "fed by a native sender on
+        loopback"): the time from the sender's first datagram to the receiver's last. Each side
+        has a core; the receiver keeps up or the sender waits for it (the socket buffer holds
+        the whole chunk, so nothing is lost either way).
+    ``drain``
+        The whole chunk is queued in the receiving socket first, then the receiver alone is
+        timed draining it: its CPU cost per byte, with no sender to wait for.
+
+    Both are also timed in the receiving thread's CPU time (``time.thread_time``: the system
+    calls included, the time other processes hold the core not): on a shared machine a 5 ms
+    drain is more often interrupted than a 4 ms one, which the wall-clock ratio counts against
+    the slower side.
 
     Returns:
-        ``agent_MBps``, ``ceiling_MBps``, ``agent_frags_per_s``, ``ceiling_frags_per_s``,
-        ``cpu_ratio`` (the ceiling's median CPU time over the agent's).
+        Per feed (``stream``, ``drain``): ``agent_MBps``, ``ceiling_MBps``,
+        ``agent_frags_per_s``, ``ceiling_frags_per_s``, ``cpu_ratio`` (the ceiling's median
+        CPU time over the agent's); ``stream`` also ``sender_MBps`` (the sender's own time).
 
     Raises:
         RuntimeError: kvcast._native is not built (the ceiling is native code), or a round
@@ -623,55 +628,83 @@ def measure_receive(nbytes: int, frags_per_msg: int, rounds: int) -> dict[str, f
     """
     import torch
 
+    from benchmarks.udp_feed import GROUP, Feed
+    from benchmarks.udp_feed import KEY as FEED_KEY
+    from benchmarks.udp_feed import TENANT as FEED_TENANT
     from hostagent.fetch import FetchClient
     from kvcast.native import native
 
     if native is None:
         raise RuntimeError("kvcast._native not built: no native receive ceiling to compare with")
-    msgs = _stream(nbytes, frags_per_msg)
     frags = -(-nbytes // c.FRAG_BYTES)
-    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
-    sender.bind(_STREAM_SENDER)
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     plain.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
     plain.bind(("127.0.0.1", 0))
     rxbuf = bytearray(65536 * native.MAX_BATCH)
     dst = torch.zeros(nbytes, dtype=torch.uint8)
-    agent_s: list[float] = []
-    ceiling_s: list[float] = []
-    agent_cpu: list[float] = []
-    ceiling_cpu: list[float] = []
+    wall: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
+    sender_s: list[float] = []
     try:
-        with FetchClient(
-            ("127.0.0.1", 9), group=_STREAM_GROUP, socket_buffer_bytes=16 << 20, deadline_s=10
-        ) as client:
-            for _ in range(rounds):
-                _queue(sender, client.address, msgs)
-                c0 = time.thread_time()
-                report = client.follow(TENANT, KEY, dst, nbytes, stall_s=5.0, first_wait_s=5.0)
-                agent_cpu.append(time.thread_time() - c0)
+        with (
+            Feed() as feed,
+            FetchClient(
+                ("127.0.0.1", 9), group=GROUP, mtu=mtu, socket_buffer_bytes=16 << 20,
+                deadline_s=10,
+            ) as client,
+        ):  # fmt: skip
+            count = feed.build(nbytes, frags_per_msg)
+
+            def agent() -> None:
+                report = client.follow(
+                    FEED_TENANT, FEED_KEY, dst, nbytes, stall_s=5.0, first_wait_s=5.0
+                )
                 if not report.ok or report.frags_stream != frags:
                     raise RuntimeError(f"the receive benchmark lost datagrams: {report}")
-                agent_s.append(report.duration_s)
-                _queue(sender, plain.getsockname(), msgs)
-                c0, t0 = time.thread_time(), time.perf_counter()
-                got, _ = native.recv_count(plain.fileno(), rxbuf, 65536, len(msgs), 1000)
-                ceiling_s.append(time.perf_counter() - t0)
-                ceiling_cpu.append(time.thread_time() - c0)
-                if got != len(msgs):
-                    raise RuntimeError(f"the ceiling loop got {got} of {len(msgs)} datagrams")
+
+            def ceiling() -> None:
+                got, _ = native.recv_count(plain.fileno(), rxbuf, 65536, count, 1000)
+                if got != count:
+                    raise RuntimeError(f"the ceiling loop got {got} of {count} datagrams")
+
+            receivers = (
+                ("agent", agent, client.address),
+                ("ceiling", ceiling, plain.getsockname()),
+            )
+            for _ in range(rounds):
+                for side, receive, to in receivers:
+                    # stream: the sender starts, the receiver is already waiting.
+                    feed.start(to)
+                    c0 = time.thread_time()
+                    receive()
+                    t_end = _now()
+                    cpu.setdefault(("stream", side), []).append(time.thread_time() - c0)
+                    t0, t1, _ = feed.finish()
+                    wall.setdefault(("stream", side), []).append(t_end - t0)
+                    sender_s.append(t1 - t0)
+                    # drain: the whole chunk is queued first.
+                    feed.start(to)
+                    feed.finish()
+                    c0, t0 = time.thread_time(), _now()
+                    receive()
+                    wall.setdefault(("drain", side), []).append(_now() - t0)
+                    cpu.setdefault(("drain", side), []).append(time.thread_time() - c0)
     finally:
-        sender.close()
         plain.close()
-    agent, ceiling = statistics.median(agent_s), statistics.median(ceiling_s)
-    return {
-        "agent_MBps": nbytes / agent / 1e6,
-        "ceiling_MBps": nbytes / ceiling / 1e6,
-        "agent_frags_per_s": frags / agent,
-        "ceiling_frags_per_s": frags / ceiling,
-        "cpu_ratio": statistics.median(ceiling_cpu) / statistics.median(agent_cpu),
-    }
+    out: dict[str, dict[str, float]] = {}
+    for feed_kind in ("stream", "drain"):
+        a = statistics.median(wall[(feed_kind, "agent")])
+        z = statistics.median(wall[(feed_kind, "ceiling")])
+        out[feed_kind] = {
+            "agent_MBps": nbytes / a / 1e6,
+            "ceiling_MBps": nbytes / z / 1e6,
+            "agent_frags_per_s": frags / a,
+            "ceiling_frags_per_s": frags / z,
+            "cpu_ratio": statistics.median(cpu[(feed_kind, "ceiling")])
+            / statistics.median(cpu[(feed_kind, "agent")]),
+        }
+    out["stream"]["sender_MBps"] = nbytes / statistics.median(sender_s) / 1e6
+    return out
 
 
 def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
@@ -836,24 +869,27 @@ def run(quick: bool = False) -> list[str]:
             chunks_in_flight=in_flight, serial_MBps=mu["serial_MBps"],
             windowed_MBps=mu["windowed_MBps"], ratio=mu["ratio"], rounds=rounds,
         )  # fmt: skip
-    for label, frags_per_msg, size in (
-        ("sram", 1, 1 << 20),
-        ("mtu1500", frags_per_data(1500), LARGE_CHUNK_BYTES),
-        ("mtu9000", frags_per_data(JUMBO_MTU), LARGE_CHUNK_BYTES),
+    for label, frags_per_msg, size, mtu in (
+        ("sram", 1, 1 << 20, JUMBO_MTU),
+        ("mtu1500", frags_per_data(1500), LARGE_CHUNK_BYTES, 1500),
+        ("mtu9000", frags_per_data(JUMBO_MTU), LARGE_CHUNK_BYTES, JUMBO_MTU),
     ):
         try:
-            rx = measure_receive(size, frags_per_msg, rounds)
+            feeds = measure_receive(size, frags_per_msg, rounds, mtu)
         except RuntimeError as exc:
             emit(path="agent_receive", datagrams=label, skipped=_reason(exc))
             continue
-        emit(
-            path="agent_receive", datagrams=label, frags_per_datagram=frags_per_msg,
-            chunk_bytes=size, data_path=data_path, agent_MBps=rx["agent_MBps"],
-            ceiling_MBps=rx["ceiling_MBps"], agent_frags_per_s=rx["agent_frags_per_s"],
-            ceiling_frags_per_s=rx["ceiling_frags_per_s"],
-            ratio=rx["agent_MBps"] / rx["ceiling_MBps"], cpu_ratio=rx["cpu_ratio"],
-            rounds=rounds,
-        )  # fmt: skip
+        for feed, rx in feeds.items():
+            extra = {"sender_MBps": rx["sender_MBps"]} if "sender_MBps" in rx else {}
+            emit(
+                path="agent_receive", datagrams=label, feed=feed,
+                frags_per_datagram=frags_per_msg, chunk_bytes=size, data_path=data_path,
+                agent_MBps=rx["agent_MBps"], ceiling_MBps=rx["ceiling_MBps"],
+                agent_frags_per_s=rx["agent_frags_per_s"],
+                ceiling_frags_per_s=rx["ceiling_frags_per_s"],
+                ratio=rx["agent_MBps"] / rx["ceiling_MBps"], cpu_ratio=rx["cpu_ratio"],
+                **extra, rounds=rounds,
+            )  # fmt: skip
     for mtu in (1500, JUMBO_MTU):
         try:
             tx = measure_send(LARGE_CHUNK_BYTES, mtu, rounds)
@@ -878,6 +914,8 @@ __all__ = [
     "measure_mac",
     "measure_mooncake",
     "measure_multi",
+    "measure_receive",
     "measure_refswitch",
+    "measure_send",
     "run",
 ]

@@ -120,3 +120,31 @@ def test_quick_suite_measures_every_path_and_removes_its_testbed() -> None:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert tag not in namespaces
     assert f"khf{os.getpid() % 10000}" not in links
+
+
+def test_the_feed_process_sends_the_chunk_it_built() -> None:
+    """benchmarks.udp_feed in its own process: what it sends is the chunk's DATAs, in order,
+    from the KVP port of its loopback address, and it times the send on the caller's clock."""
+    import socket
+    import time
+
+    from benchmarks.udp_feed import SENDER, Feed, stream_messages
+
+    if native is None:
+        pytest.skip("kvcast._native not built (pip install -e .): the feed sends with it")
+    expected = [h + bytes(p) for h, p in stream_messages(64 * 256 + 5, 5)]
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(5)
+    try:
+        with Feed() as feed:
+            assert feed.build(64 * 256 + 5, 5) == len(expected)
+            before = time.clock_gettime(time.CLOCK_MONOTONIC)
+            feed.start(rx.getsockname())
+            got = [rx.recvfrom(65536) for _ in expected]
+            t0, t1, sent = feed.finish()
+    finally:
+        rx.close()
+    assert [d for d, _ in got] == expected and {src for _, src in got} == {SENDER}
+    assert sent == sum(map(len, expected)) and before <= t0 <= t1
