@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/udp.h>
 
 /* ------------------------------------------------------------------ CRC-32 (zlib's) */
 
@@ -793,6 +794,11 @@ done:
 /* ------------------------------------------------------------------ send_batch, send_data */
 
 #define SEND_BATCH 256
+/* The most UDP payload one GSO message carries: an IPv4 datagram's 65,535 bytes less the IP
+ * and UDP headers. */
+#define GSO_MAX_BYTES (65535 - 20 - 8)
+/* The most segments one GSO message may have (the kernel's UDP_MAX_SEGMENTS since 4.18). */
+#define GSO_MAX_SEGMENTS 64
 #define SEND_WAIT_MS 100
 
 /* sendmmsg() of msgs[0..k) (call without the GIL). A full send buffer is waited on for up to
@@ -929,7 +935,7 @@ static inline void put32(uint8_t *p, uint32_t v) {
 
 /*
  * send_data(fd, (ipv4 host-order int, port), header, chunk, first, end, frags_per_data,
- *           frag_bytes, crcs=None) -> bytes sent
+ *           frag_bytes, crcs=None, gso=0) -> bytes sent
  *
  * A pool node's answer to GET(first .. end-1) in C: fragments [first, end) of `chunk`, at most
  * frags_per_data per DATA, each DATA the 40-byte `header` (the caller packs everything that is
@@ -946,6 +952,12 @@ static inline void put32(uint8_t *p, uint32_t v) {
  * start and length takes its CRC from there instead of computing it: a pool node that serves
  * the same ranges of a chunk to many hosts computes each CRC once. The caller keeps the buffer
  * with the chunk's bytes it was filled from (poolnode.server.ChunkCache).
+ *
+ * gso > 1: consecutive DATAs of one size (at most gso, at most 64, at most 65,507 bytes, a
+ * shorter one last) leave as one UDP GSO message (UDP_SEGMENT set to the DATA size): the
+ * receiver gets the same datagrams, and the stack is crossed once per message instead of once
+ * per DATA. Only for a path that segments GSO packets before anything reads raw frames (a NIC,
+ * loopback); a software switch reading a veth with a packet socket would see one giant frame.
  */
 static PyObject *py_send_data(PyObject *self, PyObject *args) {
     (void)self;
@@ -954,8 +966,9 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
     long first, end;
     Py_buffer hdr, chunk, table;
     PyObject *crcs = Py_None;
-    if (!PyArg_ParseTuple(args, "i(ki)y*y*llii|O", &fd, &ip, &port, &hdr, &chunk, &first, &end,
-                          &frags_per_data, &frag_bytes, &crcs)) {
+    int gso = 0;
+    if (!PyArg_ParseTuple(args, "i(ki)y*y*llii|Oi", &fd, &ip, &port, &hdr, &chunk, &first, &end,
+                          &frags_per_data, &frag_bytes, &crcs, &gso)) {
         return NULL;
     }
     PyObject *result = NULL;
@@ -969,6 +982,9 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "send_data: crcs holds fewer than 8 bytes a fragment");
             goto done;
         }
+    }
+    if (gso > GSO_MAX_SEGMENTS) {
+        gso = GSO_MAX_SEGMENTS;
     }
     uint8_t *slots = table.obj != NULL ? table.buf : NULL;
     if (hdr.len != KVP_HDR || frag_bytes <= 0 || frags_per_data <= 0 ||
@@ -992,6 +1008,8 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
     uint8_t headers[SEND_BATCH][KVP_HDR];
     struct mmsghdr msgs[SEND_BATCH];
     struct iovec iov[SEND_BATCH][2];
+    size_t dlen[SEND_BATCH];
+    char ctl[SEND_BATCH][CMSG_SPACE(sizeof(uint16_t))];
     Py_BEGIN_ALLOW_THREADS
     uint32_t seed = crc32_update(0, ident, sizeof(ident));
     long at = first;
@@ -1027,14 +1045,46 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
             iov[k][0].iov_len = KVP_HDR;
             iov[k][1].iov_base = (void *)(data + lo);
             iov[k][1].iov_len = hi - lo;
-            memset(&msgs[k].msg_hdr, 0, sizeof(msgs[k].msg_hdr));
-            msgs[k].msg_hdr.msg_name = &to;
-            msgs[k].msg_hdr.msg_namelen = sizeof(to);
-            msgs[k].msg_hdr.msg_iov = iov[k];
-            msgs[k].msg_hdr.msg_iovlen = 2;
+            dlen[k] = KVP_HDR + (hi - lo);
             at = last;
         }
-        err = send_msgs(fd, msgs, k, &sent);
+        /* One message per DATA; with gso > 1, up to gso consecutive DATAs of one size (the
+         * last of a message may be shorter) go as one UDP GSO message (UDP_SEGMENT): the
+         * kernel, or the NIC, cuts it into exactly the datagrams that would have been sent
+         * one by one, and the stack is crossed once for all of them. */
+        Py_ssize_t nm = 0;
+        for (Py_ssize_t d = 0; d < k; nm++) {
+            Py_ssize_t e = d + 1;
+            size_t total = dlen[d];
+            if (gso > 1) {
+                while (e < k && e - d < gso && dlen[e] <= dlen[d] &&
+                       total + dlen[e] <= GSO_MAX_BYTES) {
+                    total += dlen[e];
+                    e++;
+                    if (dlen[e - 1] < dlen[d]) {
+                        break; /* a shorter DATA ends a message */
+                    }
+                }
+            }
+            struct msghdr *mh = &msgs[nm].msg_hdr;
+            memset(mh, 0, sizeof(*mh));
+            mh->msg_name = &to;
+            mh->msg_namelen = sizeof(to);
+            mh->msg_iov = iov[d];
+            mh->msg_iovlen = (size_t)(2 * (e - d));
+            if (e - d > 1) {
+                mh->msg_control = ctl[nm];
+                mh->msg_controllen = sizeof(ctl[nm]);
+                struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
+                cm->cmsg_level = SOL_UDP;
+                cm->cmsg_type = UDP_SEGMENT;
+                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t seg = (uint16_t)dlen[d];
+                memcpy(CMSG_DATA(cm), &seg, sizeof(seg));
+            }
+            d = e;
+        }
+        err = send_msgs(fd, msgs, nm, &sent);
     }
     Py_END_ALLOW_THREADS
     result = send_result(sent, err);
@@ -1276,8 +1326,8 @@ static PyMethodDef methods[] = {
      "connected socket, never waiting; returns how many were handled."},
     {"send_data", py_send_data, METH_VARARGS,
      "send_data(fd, (ip, port), header, chunk, first, end, frags_per_data, frag_bytes, "
-     "crcs=None): a pool node's DATAs for fragments [first, end), headers and CRCs built here "
-     "(kept in crcs when given); bytes sent."},
+     "crcs=None, gso=0): a pool node's DATAs for fragments [first, end), headers and CRCs "
+     "built here (kept in crcs when given), up to gso DATAs per UDP GSO message; bytes sent."},
     {NULL, NULL, 0, NULL},
 };
 

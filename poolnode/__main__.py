@@ -135,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=c.KVP_UDP_PORT, help="UDP port (0: ephemeral)")
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU, help="IP MTU DATA must fit in")
     p.add_argument("--cache-mib", type=int, default=64, help="recently-served chunk cache")
+    p.add_argument(
+        "--gso",
+        action="store_true",
+        help="send DATAs as UDP GSO messages (a NIC or loopback path; not behind a software "
+        "switch reading a veth)",
+    )
     p.add_argument("--backend", choices=("mooncake", "memory"), default="mooncake")
     p.add_argument("--master", help="mooncake_master host:port")
     p.add_argument("--start-master", action="store_true", help="start mooncake_master here")
@@ -252,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 groups = GroupRegistry(args.groups_url).start()
                 stack.callback(groups.stop)
             server = PoolServer(
-                backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups
-            )
+                backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,
+                gso=args.gso,
+            )  # fmt: skip
             server.bind()
             writer = None
             if args.stats_file is not None:

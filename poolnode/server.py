@@ -53,6 +53,10 @@ _GET_BYTES = c.KVP_HDR_BYTES + c.FRAG_BYTES
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _EMPTY = memoryview(b"")
 _RX_SLOT = 65536  # one datagram of any UDP size per slot of the native receive batch
+# The most DATAs per UDP GSO message where a pool node sends with GSO (PoolServer(gso=True)):
+# the kernel's limit; kvcast._native also keeps a message within 65,507 bytes, so jumbo DATAs
+# (8,744 bytes) go 7 at a time and 1,320-byte ones 49.
+GSO_DATAS = 64
 
 Reply = tuple[bytes, memoryview]
 """One datagram to send: the KVP header and the payload (empty for a NACK)."""
@@ -429,6 +433,10 @@ class PoolServer:
         cache_bytes: size of the recently-served chunk cache.
         socket_buffer_bytes: SO_RCVBUF/SO_SNDBUF to ask for.
         groups: the groups the node may echo (None: any), see ``KvpGetHandler``.
+        gso: send a served GET's DATAs as UDP GSO messages (up to ``GSO_DATAS`` DATAs each, cut
+            into the same datagrams by the kernel or the NIC; native data path only): for a node
+            whose DATAs leave through a NIC or loopback. Not behind a software switch that
+            reads raw frames from a veth (the emulated cluster): it would see one giant frame.
     """
 
     def __init__(
@@ -440,8 +448,10 @@ class PoolServer:
         cache_bytes: int = 64 << 20,
         socket_buffer_bytes: int = 4 << 20,
         groups: GroupRegistry | None = None,
+        gso: bool = False,
     ) -> None:
         self.handler = KvpGetHandler(backend, mtu, cache_bytes, groups=groups)
+        self.gso = GSO_DATAS if gso else 0
         self.stats = self.handler.stats
         self._bind = (host, port)
         self._buffer_bytes = socket_buffer_bytes
@@ -543,6 +553,7 @@ class PoolServer:
         answer = self.handler.answer
         step = self.handler.frags_per_data
         stats = self.stats
+        gso = self.gso
         recv_datagrams, send_data, batch = nat.recv_datagrams, nat.send_data, nat.MAX_BATCH
         fd = sock.fileno()
         rx = bytearray(_RX_SLOT * batch)
@@ -567,7 +578,7 @@ class PoolServer:
                             try:
                                 sent = send_data(
                                     fd, (ip, port), header, chunk, first, end, step,
-                                    c.FRAG_BYTES, crcs,
+                                    c.FRAG_BYTES, crcs, gso,
                                 )  # fmt: skip
                                 stats.bytes_sent += sent
                                 if sent < wire_bytes:  # the send buffer stayed full: rest dropped

@@ -326,9 +326,12 @@ def test_recv_fetch_receives_predicted_data_in_place_and_never_over_a_present_fr
 
 
 @needs_native
+@pytest.mark.parametrize("gso", [0, 64, 3])
 @pytest.mark.parametrize(("mtu", "first", "end"), [(576, 0, 300), (1500, 3, 61), (9000, 0, 61)])
-def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int) -> None:
-    # 576 B carries one fragment per DATA: 300 DATAs cross the 256-message sendmmsg batch.
+def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int, gso: int) -> None:
+    # 576 B carries one fragment per DATA: 300 DATAs cross the 256-message sendmmsg batch. With
+    # gso, DATAs leave several per UDP GSO message (the last one of a range shorter); the
+    # receiver must still get each DATA as its own datagram, byte for byte.
     from poolnode.backend import InMemoryBackend
     from poolnode.server import DataAnswer, KvpGetHandler
 
@@ -351,10 +354,13 @@ def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int) 
         port = rx.getsockname()[1]
         sent = native.send_data(
             tx.fileno(), (0x7F000001, port), answer.header, answer.chunk, first, end,
-            handler.frags_per_data, c.FRAG_BYTES,
+            handler.frags_per_data, c.FRAG_BYTES, None, gso,
         )  # fmt: skip
         assert sent == sum(len(d) for d in expected)
         assert [rx.recv(65536) for _ in expected] == expected
+        rx.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nothing more: no datagram came twice
+            rx.recv(65536)
     finally:
         rx.close()
         tx.close()

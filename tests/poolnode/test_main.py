@@ -83,13 +83,15 @@ def test_daemon_answers_a_get_and_stops_on_sigterm() -> None:
         assert "nack_not_found=1" in stop(proc)
 
 
-def test_preloaded_synthetic_chunks_are_served(tmp_path: Path) -> None:
-    specs = ["3:0xabc:5000:1", "3:0xabd:700"]
-    with daemon("--backend", "memory", "--preload", specs[0], "--preload", specs[1]) as (
+@pytest.mark.parametrize("gso", [[], ["--gso", "--mtu", "9000"]])
+def test_preloaded_synthetic_chunks_are_served(tmp_path: Path, gso: list[str]) -> None:
+    # With --gso the DATAs leave as UDP GSO messages (native path) and arrive as datagrams.
+    specs = ["3:0xabc:50000:1", "3:0xabd:700"]
+    with daemon("--backend", "memory", "--preload", specs[0], "--preload", specs[1], *gso) as (
         proc,
         port,
     ):
-        assert fetch_all(port, 3, 0xABC, 5000) == synthetic_chunk(3, 0xABC, 5000, 1)
+        assert fetch_all(port, 3, 0xABC, 50000) == synthetic_chunk(3, 0xABC, 50000, 1)
         assert fetch_all(port, 3, 0xABD, 700) == synthetic_chunk(3, 0xABD, 700, 0)
         stop(proc)
 
