@@ -57,7 +57,9 @@ Each line is a ratio of two things measured side by side in one run:
     the ceiling's CPU time over the agent's.
 ``path=pool_send``
     The pool node's send of a 2 MiB chunk answering 256-fragment GETs (``answer`` and
-    ``send_data``) against ``send_batch`` of the same DATAs built beforehand (``measure_send``).
+    ``send_data``) against ``send_batch`` of the same DATAs built beforehand, one datagram per
+    message (``measure_send``); ``gso=1``: the pool node sends UDP GSO messages, as
+    ``python -m poolnode --gso`` does (the same datagrams on the wire).
 
 ``path=mac``
     What end-to-end integrity costs (hostagent.integrity): a pool-node server in this process
@@ -374,6 +376,7 @@ def measure_mooncake(
     warmup: int = 3,
     mtu: int = JUMBO_MTU,
     frags_per_get: int | None = LOOPBACK_FRAGS_PER_GET,
+    gso: bool = True,
 ) -> dict[str, float]:
     """Mooncake ``get_into`` over TCP vs a KVP fetch from the same pool node, on loopback.
 
@@ -383,6 +386,8 @@ def measure_mooncake(
         warmup: pairs run first and not counted (the first reads set up connections).
         mtu: the pool node's and the client's MTU (loopback carries jumbo frames).
         frags_per_get: fragments per GET (None: one DATA's worth).
+        gso: the pool node sends its DATAs as UDP GSO messages (``--gso``: loopback, like a
+            NIC, cuts them into the same datagrams; Mooncake's TCP is segmented the same way).
 
     Returns:
         ``get_into_MBps``, ``kvp_MBps`` and medians.
@@ -401,7 +406,7 @@ def measure_mooncake(
         pool = [
             sys.executable, "-m", "poolnode", "--master", master.address, "--segment-mib", "64",
             "--host", "127.0.0.1", "--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
-            "--mtu", str(mtu),
+            "--mtu", str(mtu), *(["--gso"] if gso else []),
         ]  # fmt: skip
         with _pool_node(pool) as (port, _):
             with _stderr_to_file() as log:
@@ -707,15 +712,16 @@ def measure_receive(
     return out
 
 
-def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
+def measure_send(nbytes: int, mtu: int, rounds: int, gso: bool = False) -> dict[str, float]:
     """The pool node's send rate for one chunk vs sending the same datagrams prebuilt (ceiling).
 
     The pool node's side, as its server loop does it: ``KvpGetHandler.answer`` of GETs for the
     whole chunk (256 fragments each), then, where kvcast._native is in use, ``send_data``
     (headers, CRCs and ``sendmmsg`` in C), else ``data_replies`` and one ``sendmsg`` per DATA,
     into a socket whose buffer holds the whole chunk. The
-    ceiling: ``kvcast._native.send_batch`` of the same datagrams built beforehand. Alternated,
-    medians.
+    ceiling: ``kvcast._native.send_batch`` of the same datagrams built beforehand, one datagram
+    per message. With ``gso`` the pool node sends as ``PoolServer(gso=True)`` does (UDP GSO
+    messages of up to ``GSO_DATAS`` DATAs, the same datagrams on the wire). Alternated, medians.
 
     Returns:
         ``pool_MBps``, ``ceiling_MBps``.
@@ -725,11 +731,13 @@ def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
     """
     from kvcast.native import enabled, native
     from poolnode.backend import InMemoryBackend
-    from poolnode.server import MAX_GET_FRAGMENTS, DataAnswer, KvpGetHandler
+    from poolnode.server import GSO_DATAS, MAX_GET_FRAGMENTS, DataAnswer, KvpGetHandler
 
     if native is None:
         raise RuntimeError("kvcast._native not built: no native send ceiling to compare with")
     nat = enabled()
+    if gso and nat is None:
+        raise RuntimeError("UDP GSO sends need the native data path (KVCAST_NATIVE=0 is set)")
     data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, data)
@@ -761,7 +769,7 @@ def measure_send(nbytes: int, mtu: int, rounds: int) -> dict[str, float]:
                     header, chunk, first, end, _, crcs = answer
                     nat.send_data(
                         tx.fileno(), (ip, to[1]), header, chunk, first, end,
-                        handler.frags_per_data, c.FRAG_BYTES, crcs,
+                        handler.frags_per_data, c.FRAG_BYTES, crcs, GSO_DATAS if gso else 0,
                     )  # fmt: skip
                 else:
                     for header, payload in handler.data_replies(answer):
@@ -849,7 +857,7 @@ def run(quick: bool = False) -> list[str]:
             emit(path="mooncake", chunk_bytes=size, skipped=_reason(exc))
             continue
         emit(
-            path="mooncake", chunk_bytes=size, mtu=JUMBO_MTU,
+            path="mooncake", chunk_bytes=size, mtu=JUMBO_MTU, pool_gso=1,
             frags_per_get=LOOPBACK_FRAGS_PER_GET, data_path=data_path,
             get_into_MBps=mc["get_into_MBps"], kvp_loopback_MBps=mc["kvp_MBps"],
             ratio=mc["kvp_MBps"] / mc["get_into_MBps"],
@@ -890,14 +898,15 @@ def run(quick: bool = False) -> list[str]:
                 ratio=rx["agent_MBps"] / rx["ceiling_MBps"], cpu_ratio=rx["cpu_ratio"],
                 **extra, rounds=rounds,
             )  # fmt: skip
-    for mtu in (1500, JUMBO_MTU):
+    for mtu, gso in ((1500, False), (JUMBO_MTU, False), (1500, True), (JUMBO_MTU, True)):
         try:
-            tx = measure_send(LARGE_CHUNK_BYTES, mtu, rounds)
+            tx = measure_send(LARGE_CHUNK_BYTES, mtu, rounds, gso)
         except RuntimeError as exc:
-            emit(path="pool_send", mtu=mtu, skipped=_reason(exc))
+            emit(path="pool_send", mtu=mtu, gso=int(gso), skipped=_reason(exc))
             continue
         emit(
-            path="pool_send", mtu=mtu, chunk_bytes=LARGE_CHUNK_BYTES, data_path=data_path,
+            path="pool_send", mtu=mtu, gso=int(gso), chunk_bytes=LARGE_CHUNK_BYTES,
+            data_path=data_path,
             pool_MBps=tx["pool_MBps"], ceiling_MBps=tx["ceiling_MBps"],
             ratio=tx["pool_MBps"] / tx["ceiling_MBps"], rounds=rounds,
         )  # fmt: skip
