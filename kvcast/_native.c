@@ -1009,7 +1009,10 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
     struct mmsghdr msgs[SEND_BATCH];
     struct iovec iov[SEND_BATCH][2];
     size_t dlen[SEND_BATCH];
-    char ctl[SEND_BATCH][CMSG_SPACE(sizeof(uint16_t))];
+    union { /* a control buffer aligned for its cmsghdr */
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } ctl[SEND_BATCH];
     Py_BEGIN_ALLOW_THREADS
     uint32_t seed = crc32_update(0, ident, sizeof(ident));
     long at = first;
@@ -1073,8 +1076,8 @@ static PyObject *py_send_data(PyObject *self, PyObject *args) {
             mh->msg_iov = iov[d];
             mh->msg_iovlen = (size_t)(2 * (e - d));
             if (e - d > 1) {
-                mh->msg_control = ctl[nm];
-                mh->msg_controllen = sizeof(ctl[nm]);
+                mh->msg_control = ctl[nm].buf;
+                mh->msg_controllen = sizeof(ctl[nm].buf);
                 struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
                 cm->cmsg_level = SOL_UDP;
                 cm->cmsg_type = UDP_SEGMENT;
