@@ -437,6 +437,7 @@ class PoolServer:
             into the same datagrams by the kernel or the NIC; native data path only): for a node
             whose DATAs leave through a NIC or loopback. Not behind a software switch that
             reads raw frames from a veth (the emulated cluster): it would see one giant frame.
+            A GSO send the kernel refuses turns it off (logged) and goes again without it.
     """
 
     def __init__(
@@ -575,11 +576,18 @@ class PoolServer:
                         reply = answer(view[at : at + n])
                         if type(reply) is DataAnswer:
                             header, chunk, first, end, wire_bytes, crcs = reply
+                            args = (fd, (ip, port), header, chunk, first, end, step, c.FRAG_BYTES)
                             try:
-                                sent = send_data(
-                                    fd, (ip, port), header, chunk, first, end, step,
-                                    c.FRAG_BYTES, crcs, gso,
-                                )  # fmt: skip
+                                try:
+                                    sent = send_data(*args, crcs, gso)
+                                except OSError as exc:
+                                    if not gso:
+                                        raise
+                                    # The path takes no GSO (no checksum offload, an MTU below
+                                    # the DATA size): one datagram per DATA from now on.
+                                    log.warning("UDP GSO send failed (%s): GSO off", exc)
+                                    gso = self.gso = 0
+                                    sent = send_data(*args, crcs, 0)
                                 stats.bytes_sent += sent
                                 if sent < wire_bytes:  # the send buffer stayed full: rest dropped
                                     stats.send_errors += 1

@@ -365,3 +365,26 @@ def test_an_answer_carries_the_crc_table_cached_with_its_chunk(backend: InMemory
     assert len(cached.crcs) == 8 * NFRAGS
     uncached = KvpGetHandler(backend, cache_bytes=0).answer(get)
     assert isinstance(uncached, DataAnswer) and uncached.crcs is None  # computed every time
+
+
+def test_a_path_that_refuses_gso_turns_it_off_and_the_get_is_still_answered(
+    backend: InMemoryBackend, client: socket.socket
+) -> None:
+    # A socket without UDP checksums (SO_NO_CHECK) cannot send GSO messages: the kernel refuses
+    # them (EINVAL), as a path without checksum offload would. The node must answer anyway,
+    # one datagram per DATA, and stop trying GSO.
+    from kvcast.native import enabled
+
+    if enabled() is None:
+        pytest.skip("kvcast._native not in use (not built, or KVCAST_NATIVE=0): GSO needs it")
+    reference = KvpGetHandler(backend, mtu=1500)
+    get = get_message(TENANT, KEY, 0, req_id=80, count=NFRAGS)
+    expected = [h + bytes(p) for h, p in reference.handle(get)]
+    assert len(expected) > 1  # several DATAs: one GSO message
+    srv = PoolServer(backend, "127.0.0.1", 0, mtu=1500, gso=True)
+    srv.bind().setsockopt(socket.SOL_SOCKET, 11, 1)  # SO_NO_CHECK (Linux)
+    with srv:
+        client.sendto(get, srv.address)
+        got = [client.recv(65536) for _ in expected]
+        assert got == expected
+        assert srv.gso == 0 and srv.stats.send_errors == 0
