@@ -104,6 +104,7 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks import bench_line
+from benchmarks.udp_feed import KEY, SEED, TENANT  # the feed's chunk is the suite's
 from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
 from hostagent import bench as hostbench
 from hostagent.synthetic import synthetic_chunk
@@ -117,7 +118,6 @@ SUITE = "hostagent_fetch"
 SWITCH_MAC, VIP = "02:00:00:00:00:fe", "10.0.100.1"
 HOST_MAC, HOST_IP = "00:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "00:00:00:00:01:01", "10.0.1.1"
-TENANT, KEY, SEED = 1, 0xBE7C5, 3
 # One 16-token block of DESIGN.md's small model (24 layers x K,V x 2 heads x 64 x bf16): 192 KiB.
 CHUNK_BYTES = 24 * 2 * 2 * 64 * 2 * 16
 # The larger chunk of the Mooncake comparison: a 2 MiB block (a 128-token block of that model,
@@ -634,8 +634,6 @@ def measure_receive(
     import torch
 
     from benchmarks.udp_feed import GROUP, Feed
-    from benchmarks.udp_feed import KEY as FEED_KEY
-    from benchmarks.udp_feed import TENANT as FEED_TENANT
     from hostagent.fetch import FetchClient
     from kvcast.native import native
 
@@ -661,9 +659,7 @@ def measure_receive(
             count = feed.build(nbytes, frags_per_msg)
 
             def agent() -> None:
-                report = client.follow(
-                    FEED_TENANT, FEED_KEY, dst, nbytes, stall_s=5.0, first_wait_s=5.0
-                )
+                report = client.follow(TENANT, KEY, dst, nbytes, stall_s=5.0, first_wait_s=5.0)
                 if not report.ok or report.frags_stream != frags:
                     raise RuntimeError(f"the receive benchmark lost datagrams: {report}")
 

@@ -123,20 +123,14 @@ class Feed:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        proc = self._proc
+        proc, self._proc = self._proc, None
         if proc is None:
             return
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
+        try:  # closes its stdin (the command loop ends), reads and closes its pipes, reaps it
+            proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        self._proc = None
+            proc.communicate()
 
     def _answer(self) -> list[str]:
         proc = self._proc

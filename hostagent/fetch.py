@@ -87,7 +87,7 @@ _EVENT_FIELDS = 7
 # next ones in place: the fragment after the last DATA, the most fragments one has carried.
 _STREAM_FIELDS = 7
 # The most fragments a DATA carries (a 65,535-byte IP datagram), a bound on what is learned.
-_MAX_DATA_FRAGS = (65535 - 28 - _HDR) // _FB
+_MAX_DATA_FRAGS = frags_per_data(65535)
 # Fetches one call of the native receive takes at once (kvcast/_native.c's MAX_FETCHES).
 MAX_FETCHES = 64
 # A follower asks for a missing fragment itself once the group's stream is this many fragments
