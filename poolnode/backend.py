@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 BytesLike = bytes | bytearray | memoryview
 """What ``PoolBackend.put`` accepts."""
@@ -87,6 +87,21 @@ class PoolBackend(ABC):
         Raises:
             PoolBackendError: the backend failed.
         """
+
+    def contains_many(self, tenant: int, keys: Sequence[int]) -> list[bool]:
+        """Whether each of several chunks is stored (one batched query where the backend has one).
+
+        Args:
+            tenant: tenant id.
+            keys: chunk keys.
+
+        Returns:
+            One flag per key, in order.
+
+        Raises:
+            PoolBackendError: the backend failed.
+        """
+        return [self.contains(tenant, k) for k in keys]
 
     @abstractmethod
     def delete(self, tenant: int, key: int) -> bool:

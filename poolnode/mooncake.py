@@ -550,6 +550,18 @@ class MooncakeBackend(PoolBackend):
             raise PoolBackendError(f"Mooncake is_exist({tenant}, {key:#x}) failed: {_describe(rc)}")
         return rc == 1
 
+    def contains_many(self, tenant: int, keys: Sequence[int]) -> list[bool]:
+        """Whether each chunk is stored: one ``batch_is_exist`` (one master RPC) for all."""
+        if not keys:
+            return []
+        names = [self.name(tenant, k) for k in keys]
+        codes = [int(rc) for rc in self._store.batch_is_exist(names)]
+        bad = [(k, rc) for k, rc in zip(keys, codes, strict=True) if rc < 0]
+        if bad or len(codes) != len(keys):
+            what = ", ".join(f"{k:#x}: {_describe(rc)}" for k, rc in bad) or "wrong length"
+            raise PoolBackendError(f"Mooncake batch_is_exist failed ({what})")
+        return [rc == 1 for rc in codes]
+
     def delete(self, tenant: int, key: int) -> bool:  # noqa: D102
         # force: a read grants the object a lease (default 10 s) that would refuse the removal.
         rc = int(self._store.remove(self.name(tenant, key), True))
