@@ -145,6 +145,10 @@ TAIL_PROBE_MIN_S = 0.005
 # Chunks ``fetch_many`` keeps in flight at once by default: enough that the next chunks' GETs
 # fill the window while the first chunk's last answers are on the way.
 DEFAULT_CHUNKS_IN_FLIGHT = 4
+# A follower that takes one chunk's stream after another (``follow``) keeps the replicas of its
+# group's other chunks it reads meanwhile (the leader asks for several chunks at once, and a
+# follower that starts late finds them all queued): up to this many bytes, oldest dropped first.
+STASH_MAX_BYTES = 32 << 20
 _MISSING, _REQUESTED, _PRESENT = 0, 1, 2
 _PRESENT_BYTE = bytes([_PRESENT])
 _FAST_CAP = bytes([FAST_REPAIRS_MAX])
@@ -251,6 +255,8 @@ class FetchReport:
     invalid: int = 0
     foreign: int = 0
     nacks: int = 0
+    stashed: int = 0
+    """Replicas of the group's other chunks kept for a later ``follow`` (and replayed here)."""
     fell_back: bool = False
     duration_s: float = 0.0
     srtt_s: float = 0.0
@@ -542,6 +548,9 @@ class FetchClient:
         self._gets_view = memoryview(self._gets)
         self._get_one = self._gets_view[:_GET_BYTES]
         self._next_req = random.getrandbits(32)
+        # Replicas of the group's other chunks read while following one (STASH_MAX_BYTES).
+        self._stash: dict[tuple[int, int], list[bytes]] = {}
+        self._stash_bytes = 0
 
     def _open_sockets(self, bind: Address, rcvbuf: int) -> socket.socket:
         """Opens the client's UDP socket and one connected socket per path, on one port.
@@ -614,6 +623,37 @@ class FetchClient:
         """The local ``(host, port)`` replies come to."""
         host, port = self._sock.getsockname()[:2]
         return str(host), int(port)
+
+    def _keep(self, tenant: int, key: int, nrecv: int) -> None:
+        """Stashes the datagram in the receive buffer for a later ``follow`` of its chunk."""
+        datagram = bytes(self._rview[:nrecv])
+        self._stash.setdefault((tenant, key), []).append(datagram)
+        self._stash_bytes += nrecv
+        while self._stash_bytes > STASH_MAX_BYTES and self._stash:
+            oldest = next(iter(self._stash))
+            dropped = self._stash.pop(oldest)
+            self._stash_bytes -= sum(len(d) for d in dropped)
+
+    def discard_pending(self) -> int:
+        """Drops every datagram waiting on the client's sockets; returns how many.
+
+        Between fetches that share nothing (a new experiment point), what is still queued is
+        from earlier ones (late replies, replicas of a group fetch this host no longer follows):
+        a follower must not take those for the stream it is about to follow.
+        """
+        dropped = sum(len(v) for v in self._stash.values())
+        self._stash.clear()
+        self._stash_bytes = 0
+        for sock in self._socks.values():
+            while True:
+                try:
+                    sock.recv_into(self._rbuf)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionRefusedError:  # an ICMP error queued for an earlier GET
+                    continue
+                dropped += 1
+        return dropped
 
     def close(self) -> None:
         """Closes the sockets."""
@@ -740,6 +780,13 @@ class FetchClient:
         st.follower = st.listening = True
         st.stall_s = stall_s
         st.last_progress += first - stall_s
+        kept = self._stash.pop((tenant, key), [])
+        for datagram in kept:  # replicas read while this host followed other chunks
+            self._stash_bytes -= len(datagram)
+            n = len(datagram)
+            self._rbuf[:n] = datagram
+            self._receive(st, n)
+        st.report.stashed += len(kept)
         return self._finish(st, parent, position)
 
     def fetch_many(
@@ -1564,7 +1611,11 @@ class FetchClient:
         (vo, flags, status, _r0, tenant, group, key, rid, _epoch, first, total, plen, _r1, _ix,
          crc) = KVP_STRUCT.unpack_from(self._rbuf)  # fmt: skip
         if (vo != _DATA_VO and vo != _NACK_VO) or tenant != st.tenant or key != st.key:
-            report.ignored += 1
+            if vo == _DATA_VO and flags & c.KVP_FLAG_REPLICA and group != 0 and group == self.group:
+                self._keep(tenant, key, nrecv)
+                report.stashed += 1
+            else:
+                report.ignored += 1
             return
         off = (rid - st.rid_base) & 0xFFFFFFFF
         path: int | None = None

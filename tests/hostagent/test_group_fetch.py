@@ -162,7 +162,9 @@ def test_follower_with_nothing_anywhere_is_a_clear_failure() -> None:
     assert report.stalled and report.repairs == 0
 
 
-def test_follower_ignores_the_stream_of_another_chunk(backend: InMemoryBackend) -> None:
+def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
+    backend: InMemoryBackend,
+) -> None:
     other = os.urandom(4 * c.FRAG_BYTES)
     backend.put(TENANT, KEY + 1, other)
     with MulticastRelay(backend, {}) as relay:
@@ -173,11 +175,36 @@ def test_follower_ignores_the_stream_of_another_chunk(backend: InMemoryBackend) 
         assert lead.fetch(TENANT, KEY + 1, other_buf).ok
         out = dst()
         report = fol.follow(TENANT, KEY, out, stall_s=0.1)
+        # The other chunk's replicas, read while following KEY, complete its own follow later
+        # without a GET; relay.groups is emptied first, so nothing new can arrive.
+        relay.groups[GROUP] = []
+        later = torch.zeros(len(other), dtype=torch.uint8)
+        kept = fol.follow(TENANT, KEY + 1, later, stall_s=0.1)
     lead.close()
     fol.close()
     assert report.ok and report.stalled
-    assert report.ignored >= 1 and report.frags_stream == 0
+    assert report.stashed >= 1 and report.frags_stream == 0
     assert as_bytes(out) == CHUNK
+    assert kept.ok and not kept.stalled and kept.repairs == 0
+    assert kept.frags_stream == 4 and later.numpy().tobytes() == other
+
+
+def test_discarding_pending_datagrams_drops_the_stash_too(backend: InMemoryBackend) -> None:
+    other = os.urandom(4 * c.FRAG_BYTES)
+    backend.put(TENANT, KEY + 1, other)
+    with MulticastRelay(backend, {}) as relay:
+        lead = client(relay.address, None, GROUP)
+        fol = client(relay.address, None, GROUP)
+        relay.groups[GROUP] = [lead.address, fol.address]
+        assert lead.fetch(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8)).ok
+        assert fol.follow(TENANT, KEY, dst(), stall_s=0.1).ok
+        assert fol.discard_pending() >= 1
+        relay.groups[GROUP] = []
+        report = fol.follow(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8),
+                            stall_s=0.05)  # fmt: skip
+    lead.close()
+    fol.close()
+    assert report.ok and report.stalled and report.frags_stream == 0
 
 
 def test_leader_gets_name_the_group_and_nocache_and_follower_repairs_do_not() -> None:
