@@ -62,6 +62,8 @@ import importlib
 import logging
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,9 +75,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer, wire_key
 from hostagent.fetch import ChunkRequest, FetchClient, FetchReport
+from hostagent.integrity import check_keys
 from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
 from hostagent.producer import Producer
 from hostagent.reports import HttpReporter, ReportSink
@@ -97,7 +101,10 @@ __all__ = [
     "ConnectorConfigError",
     "KvcastConnector",
     "KvcastConnectorMetadata",
+    "KvcastConnectorStats",
+    "LoadOptions",
     "load_object",
+    "worker_stats",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -156,6 +163,13 @@ class ConnectorConfig:
         save: publish newly computed prompt blocks (only when the role produces KV).
         fetch: keyword arguments of ``FetchClient`` (``timeout_s``, ``deadline_s``, ``window``,
             ``max_retries``, ``frags_per_get``, ``nocache``, ``group``).
+        bind: the fetch client's local address (``"host:port"``); an engine that takes part in
+            multicast group fetches binds ``hostagent.ports.AGENT_PORT``, where the switch
+            sends every member's replicas. None: an ephemeral port.
+        follow_stall_s: a follower's silence (no new replica) before it repairs by unicast.
+        follow_first_wait_s: how long a follower waits for the leader's first replica.
+        mac_keys: tenant id -> secret (hex), ``hostagent.integrity``: a chunk of such a tenant
+            is published with its keyed MAC and loaded only once its MAC matches its bytes.
     """
 
     service: Address | None = None
@@ -170,6 +184,10 @@ class ConnectorConfig:
     load_async: bool = False
     save: bool = True
     fetch: Mapping[str, Any] = field(default_factory=dict)
+    bind: Address | None = None
+    follow_stall_s: float = 0.5
+    follow_first_wait_s: float = 2.0
+    mac_keys: Mapping[int, bytes] = field(default_factory=dict)
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
@@ -202,7 +220,13 @@ class ConnectorConfig:
             load_async=bool(extra.get("load_async", False)),
             save=bool(extra.get("save", True)),
             fetch=dict(extra.get("fetch") or {}),
+            bind=_address(extra.get("bind"), "bind"),
+            follow_stall_s=float(extra.get("follow_stall_s", 0.5)),
+            follow_first_wait_s=float(extra.get("follow_first_wait_s", 2.0)),
+            mac_keys=_mac_keys(extra.get("mac_keys")),
         )
+        if cfg.follow_stall_s <= 0 or cfg.follow_first_wait_s <= 0:
+            raise ConnectorConfigError("follow_stall_s and follow_first_wait_s must be positive")
         if cfg.service is None and cfg.pool is None:
             raise ConnectorConfigError(
                 "kvcast needs 'service' (the switch VIP, host:port), 'pool' (a pool node) or both"
@@ -214,6 +238,18 @@ class ConnectorConfig:
         if cache_salt:
             return self.tenants.get(cache_salt, self.tenant)
         return self.tenant
+
+
+def _mac_keys(raw: Any) -> dict[int, bytes]:
+    """``{"tenant": "hex secret"}`` -> ``{tenant: secret}``, checked by ``integrity``."""
+    if not raw:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConnectorConfigError(f"mac_keys must map tenant ids to hex secrets, got {raw!r}")
+    try:
+        return dict(check_keys({int(t): bytes.fromhex(str(k)) for t, k in raw.items()}))
+    except ValueError as exc:
+        raise ConnectorConfigError(f"mac_keys: {exc}") from exc
 
 
 def _pool_backend(cfg: ConnectorConfig, extra: Mapping[str, Any]) -> PoolBackend:
@@ -232,6 +268,58 @@ def _reporter(cfg: ConnectorConfig, extra: Mapping[str, Any]) -> ReportSink | No
     return HttpReporter(cfg.report_url) if cfg.report_url else None
 
 
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """What one request asks of kvcast, in its ``kv_transfer_params``.
+
+    A request says it with ``SamplingParams(extra_args={"kv_transfer_params": {"kvcast":
+    {"load": ..., "group": ..., "role": ...}}})``, as vLLM's own connectors take per-request
+    transfer parameters.
+
+    Attributes:
+        load: look the request's prefix up in the pool and load it (False: the engine computes
+            every token, as with no connector).
+        group: multicast group of the request's fetch (0: none). Engines that serve requests
+            with the same prefix at once name one group: the leader's GETs name it and the
+            switch replicates every reply to every member.
+        follower: this engine receives the group's stream instead of asking (another engine
+            leads); gaps are repaired by unicast.
+        save: publish the request's newly computed prompt blocks (when the connector saves).
+    """
+
+    load: bool = True
+    group: int = 0
+    follower: bool = False
+    save: bool = True
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any] | None) -> LoadOptions:
+        """The options in a request's ``kv_transfer_params`` (defaults where it has none).
+
+        Raises:
+            ConnectorConfigError: an unknown key or an unusable value.
+        """
+        raw = (params or {}).get("kvcast")
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ConnectorConfigError(f"kv_transfer_params['kvcast'] is not a mapping: {raw!r}")
+        unknown = sorted(set(raw) - {"load", "group", "role", "save"})
+        if unknown:
+            raise ConnectorConfigError(f"unknown kvcast request option {unknown[0]!r}")
+        role = raw.get("role", "leader")
+        group = raw.get("group", 0)
+        if role not in ("leader", "follower"):
+            raise ConnectorConfigError(f"kvcast role {role!r} is not 'leader' or 'follower'")
+        if not isinstance(group, int) or isinstance(group, bool) or not 0 <= group <= 0xFFFF:
+            raise ConnectorConfigError(f"kvcast group {group!r} is not a 16-bit group id")
+        if role == "follower" and group == 0:
+            raise ConnectorConfigError("a kvcast follower needs a group")
+        return cls(
+            bool(raw.get("load", True)), group, role == "follower", bool(raw.get("save", True))
+        )
+
+
 # ------------------------------------------------------------------------------ metadata
 @dataclass(slots=True)
 class ChunkLoad:
@@ -243,6 +331,8 @@ class ChunkLoad:
         parent: key of the previous block of the prefix (for the access report).
         position: the block's index in its prefix.
         targets: ``(request id, engine block id)`` for every request of the step that needs it.
+        group: multicast group of the fetch (0: none; ``LoadOptions``).
+        follower: receive the group's stream rather than ask.
     """
 
     tenant: int
@@ -250,6 +340,8 @@ class ChunkLoad:
     parent: int | None
     position: int
     targets: list[tuple[str, int]] = field(default_factory=list)
+    group: int = 0
+    follower: bool = False
 
 
 @dataclass(slots=True)
@@ -288,9 +380,10 @@ class KvcastConnectorMetadata(KVConnectorMetadata):
 
 @dataclass(slots=True)
 class _Lookup:
-    """A request's last answer: the local hit it was asked after."""
+    """A request's last answer: the local hit it was asked after, and its options."""
 
     local_tokens: int
+    options: LoadOptions
 
 
 @dataclass(slots=True)
@@ -301,6 +394,46 @@ class _LoadJob:
     asynchronous: bool
     blocks: set[int]
     future: Future[set[int]] | None = None
+
+
+# ------------------------------------------------------------------------------ stats
+@dataclass
+class KvcastConnectorStats(KVConnectorStats):
+    """kvcast's counters for vLLM's connector metrics (``data``: counter -> sum)."""
+
+    def reset(self) -> None:  # noqa: D102
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KvcastConnectorStats:  # noqa: D102
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:  # noqa: D102
+        out: dict[str, int | float] = dict(self.data)
+        if out.get("load_s"):
+            out["load_gbps"] = round(out.get("bytes_loaded", 0) * 8 / out["load_s"] / 1e9, 3)
+        return out
+
+    def is_empty(self) -> bool:  # noqa: D102
+        return not self.data
+
+
+_WORKERS: weakref.WeakSet[KvcastConnector] = weakref.WeakSet()
+
+
+def worker_stats() -> dict[str, float]:
+    """The life counters (``KvcastConnector.stats``) of this process's worker connectors, summed.
+
+    An engine run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni`` executor) holds
+    its worker connector here, so a driver can read what its requests loaded.
+    """
+    out: dict[str, float] = {}
+    for conn in list(_WORKERS):
+        with conn._stats_lock:
+            for k, v in conn.stats.items():
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 # ------------------------------------------------------------------------------ connector
@@ -356,6 +489,7 @@ class KvcastConnector(KVConnectorBase_V1):
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Request] = {}
         self._pending: dict[str, list[tuple[int, int]]] = {}
+        self._options: dict[str, LoadOptions] = {}
         self._known_upto: dict[str, int] = {}
         # worker side
         self._reporter: ReportSink | None = None
@@ -371,8 +505,16 @@ class KvcastConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self.last_reports: list[FetchReport] = []
         """The fetch reports of the last finished load job (for logs and tests)."""
+        self.stats: dict[str, float] = {}
+        """Counters over the connector's life: load jobs, chunks and bytes loaded, chunks and
+        blocks failed, fragments from SRAM, the pool and a group's stream, repairs, seconds."""
+        self._interval: dict[str, float] = {}
+        self._stats_lock = threading.Lock()
+        self.saved: list[tuple[int, int]] = []
+        """``(tenant, key)`` of every block ``wait_for_save`` handed the pool, in order."""
         if role == KVConnectorRole.WORKER:
             self._reporter = _reporter(self.config, extra)
+            _WORKERS.add(self)
 
     # -------------------------------------------------------------- shared
     @property
@@ -398,12 +540,13 @@ class KvcastConnector(KVConnectorBase_V1):
             self._backend = None
 
     # -------------------------------------------------------------- scheduler side
-    def _held(self, tenant: int, key: int) -> bool:
+    def _held_many(self, tenant: int, keys: list[int]) -> list[bool]:
+        """Which of a request's blocks the pool holds: one batched query per request."""
         try:
-            return self.backend.contains(tenant, key)
+            return self.backend.contains_many(tenant, keys)
         except PoolBackendError as exc:
-            _LOG.info("kvcast: pool existence check of %#x failed: %s", key, exc)
-            return False
+            _LOG.info("kvcast: pool existence check of %d blocks failed: %s", len(keys), exc)
+            return [False] * len(keys)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -423,10 +566,18 @@ class KvcastConnector(KVConnectorBase_V1):
         limit = min(len(hashes), (request.num_tokens - 1) // bs)
         first = num_computed_tokens // bs
         tenant = self.config.tenant_of(request.cache_salt)
+        try:
+            options = LoadOptions.of(request.kv_transfer_params)
+        except ConnectorConfigError as exc:
+            _LOG.warning("kvcast: request %s computes every token: %s", request.request_id, exc)
+            options = LoadOptions(load=False)
         hit = first
-        while hit < limit and self._held(tenant, wire_key(hashes[hit])):
-            hit += 1
-        self._lookups[request.request_id] = _Lookup(num_computed_tokens)
+        if options.load and first < limit:
+            held = self._held_many(tenant, [wire_key(h) for h in hashes[first:limit]])
+            while hit < limit and held[hit - first]:
+                hit += 1
+        self._lookups[request.request_id] = _Lookup(num_computed_tokens, options)
+        self._options[request.request_id] = options
         self._requests[request.request_id] = request
         if hit == first:
             return 0, False
@@ -466,17 +617,20 @@ class KvcastConnector(KVConnectorBase_V1):
             The metadata for the worker side.
         """
         meta = KvcastConnectorMetadata()
-        by_chunk: dict[tuple[int, int], ChunkLoad] = {}
+        by_chunk: dict[tuple[int, int, int, bool], ChunkLoad] = {}
         for req_id, items in self._pending.items():
             request = self._requests[req_id]
             tenant = self.config.tenant_of(request.cache_salt)
+            opts = self._options.get(req_id, LoadOptions())
             hashes = request.block_hashes
             for position, block_id in items:
                 key = wire_key(hashes[position])
-                load = by_chunk.get((tenant, key))
+                load = by_chunk.get((tenant, key, opts.group, opts.follower))
                 if load is None:
                     parent = wire_key(hashes[position - 1]) if position > 0 else None
-                    load = by_chunk[(tenant, key)] = ChunkLoad(tenant, key, parent, position)
+                    load = by_chunk[(tenant, key, opts.group, opts.follower)] = ChunkLoad(
+                        tenant, key, parent, position, group=opts.group, follower=opts.follower
+                    )
                 load.targets.append((req_id, block_id))
             meta.load_reqs.append(req_id)
         meta.loads = sorted(by_chunk.values(), key=lambda ld: ld.position)
@@ -498,6 +652,8 @@ class KvcastConnector(KVConnectorBase_V1):
         for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self._requests.get(req_id)
             if request is None or req_id not in computed:
+                continue
+            if not self._options.get(req_id, LoadOptions()).save:
                 continue
             upto = min(computed[req_id] + scheduled, request.num_prompt_tokens)
             end = min(upto // bs, len(request.block_hashes))
@@ -522,7 +678,13 @@ class KvcastConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         """Forgets the request; its blocks can be freed at once (saves are synchronous)."""
         req_id = request.request_id
-        for table in (self._lookups, self._requests, self._pending, self._known_upto):
+        for table in (
+            self._lookups,
+            self._requests,
+            self._pending,
+            self._known_upto,
+            self._options,
+        ):
             table.pop(req_id, None)
         return False, None
 
@@ -566,12 +728,17 @@ class KvcastConnector(KVConnectorBase_V1):
     def fetch_client(self) -> FetchClient:
         """The worker's fetch client (made on first use; one fetch at a time, from the loader)."""
         if self._client is None:
+            extra: dict[str, Any] = dict(self.config.fetch)
+            if self.config.bind is not None:
+                extra["bind"] = self.config.bind
+            if self.config.mac_keys:
+                extra["mac_keys"] = self.config.mac_keys
             self._client = FetchClient(
                 self.config.service,
                 self.config.pool,
                 reporter=self._reporter,
                 report_host=self.config.host,
-                **dict(self.config.fetch),
+                **extra,
             )
         return self._client
 
@@ -599,8 +766,13 @@ class KvcastConnector(KVConnectorBase_V1):
     def _load(self, loads: Sequence[ChunkLoad]) -> set[int]:
         """Fetches every chunk once and copies it into its blocks; returns the failed blocks.
 
-        The chunks go through ``FetchClient.fetch_many``, up to the client's
-        ``max_chunks_in_flight`` at once (each into its own reusable buffer), in prefix order.
+        The loads of one kind (no group; leading group ``g``; following group ``g``) go
+        together, kinds in the order their first chunk appears. Unicast chunks go through
+        ``FetchClient.fetch_many``, up to the client's ``max_chunks_in_flight`` at once (each
+        into its own reusable buffer), in prefix order. A leader does the same with the group in
+        its GETs; a follower takes one chunk's stream after the other (``FetchClient.follow``),
+        keeping the replicas of the chunks after it that it reads meanwhile for their turn.
+
         A chunk that does not end complete (every fragment present and CRC-checked) fails its
         blocks and every later block of the requests that needed it: a block's KV depends on
         every token before it, so vLLM must recompute from the first block it lacks. After a
@@ -609,12 +781,32 @@ class KvcastConnector(KVConnectorBase_V1):
         fetched (chunks already in flight with the failed one end, and their bytes go only to
         the requests that did not fail).
         """
-        layout = self.layout
-        client = self.fetch_client()
-        bufs = self._load_buffers(client.max_chunks_in_flight)
+        kinds: dict[tuple[int, bool], list[ChunkLoad]] = {}
+        for load in loads:
+            kinds.setdefault((load.group, load.follower), []).append(load)
         failed_reqs: set[str] = set()
         failed: set[int] = set()
         reports: list[FetchReport] = []
+        t0 = time.monotonic()
+        for (group, follower), part in kinds.items():
+            self._load_part(part, group, follower, failed_reqs, failed, reports)
+        self.last_reports = reports
+        self._count(reports, failed, time.monotonic() - t0)
+        return failed
+
+    def _load_part(
+        self,
+        loads: Sequence[ChunkLoad],
+        group: int,
+        follower: bool,
+        failed_reqs: set[str],
+        failed: set[int],
+        reports: list[FetchReport],
+    ) -> None:
+        """``_load`` for the loads of one kind; adds to ``failed_reqs``, ``failed``, ``reports``."""
+        layout = self.layout
+        client = self.fetch_client()
+        bufs = self._load_buffers(client.max_chunks_in_flight)
         at = 0
         while at < len(loads):
             batch: list[tuple[int, ChunkLoad]] = []  # (index in loads, load)
@@ -635,7 +827,7 @@ class KvcastConnector(KVConnectorBase_V1):
             ]
             got: list[FetchReport | None]
             try:
-                got = list(client.fetch_many(requests, stop_after_failure=True))
+                got = list(self._fetch(client, requests, group, follower))
             except Exception:  # a load must end in blocks loaded or blocks to recompute
                 _LOG.exception("kvcast: fetch of chunks %s raised", [hex(r.key) for r in requests])
                 got = [None] * len(batch)
@@ -652,8 +844,72 @@ class KvcastConnector(KVConnectorBase_V1):
                     continue
                 for _, block_id in live:
                     scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
-        self.last_reports = reports
-        return failed
+
+    def _fetch(
+        self, client: FetchClient, requests: Sequence[ChunkRequest], group: int, follower: bool
+    ) -> list[FetchReport]:
+        """One batch of chunks: unicast, leading group ``group`` or following it.
+
+        Returns:
+            One report per chunk started, in order; the batch stops after the first chunk that
+            fails (a prefix is of use only up to its first missing block).
+        """
+        if group == 0:
+            return client.fetch_many(requests, stop_after_failure=True)
+        client.group = group
+        try:
+            if not follower:
+                return client.fetch_many(requests, stop_after_failure=True)
+            out: list[FetchReport] = []
+            for r in requests:
+                report = client.follow(
+                    r.tenant, r.key, r.dst, r.nbytes,
+                    stall_s=self.config.follow_stall_s,
+                    first_wait_s=self.config.follow_first_wait_s,
+                    parent=r.parent, position=r.position,
+                )  # fmt: skip
+                out.append(report)
+                if not report.ok:
+                    break
+            return out
+        finally:
+            client.group = 0
+
+    def _count(self, reports: Sequence[FetchReport], failed: set[int], seconds: float) -> None:
+        """Adds one load job to the connector's counters (``stats``, vLLM's connector stats)."""
+        layout = self.layout
+        ok = [r for r in reports if r.ok]
+        delta = {
+            "load_jobs": 1,
+            "chunks_loaded": len(ok),
+            "bytes_loaded": len(ok) * layout.chunk_bytes,
+            "chunks_failed": len(reports) - len(ok),
+            "blocks_failed": len(failed),
+            "frags_hit": sum(r.frags_hit for r in reports),
+            "frags_pool": sum(r.frags_pool for r in reports),
+            "frags_stream": sum(r.frags_stream for r in reports),
+            "repairs": sum(r.repairs for r in reports),
+            "load_s": seconds,
+        }
+        with self._stats_lock:
+            for k, v in delta.items():
+                self.stats[k] = self.stats.get(k, 0) + v
+                self._interval[k] = self._interval.get(k, 0) + v
+
+    def get_kv_connector_stats(self) -> KvcastConnectorStats | None:
+        """The counters since the last call, for vLLM's stat loggers (None: nothing new)."""
+        with self._stats_lock:
+            if not self._interval:
+                return None
+            data, self._interval = self._interval, {}
+        return KvcastConnectorStats(data=data)
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KvcastConnectorStats | None:
+        """The worker's stats rebuilt on the scheduler side from their ``data``."""
+        return KvcastConnectorStats(data=dict(data or {}))
 
     def _load_buffers(self, count: int) -> list[torch.Tensor]:
         """``count`` chunk buffers (pinned where CUDA is), made once and reused by every load."""
@@ -730,6 +986,7 @@ class KvcastConnector(KVConnectorBase_V1):
                 gather_from_paged(layout, self._caches, block_id, chunk, self._paged)
                 chunks.append(chunk)
             report = self._producer(save.tenant).publish_keyed(ckeys, chunks, save.first)
+            self.saved.extend((save.tenant, k.key) for k in ckeys[save.first :])
             if not report.ok:
                 _LOG.info(
                     "kvcast: %d chunks of %s not published: %s",
@@ -750,6 +1007,7 @@ class KvcastConnector(KVConnectorBase_V1):
                 tenant,
                 reporter=self._reporter,
                 host=self.config.host,
+                mac_key=self.config.mac_keys.get(tenant),
             )
             self._producers[tenant] = producer
         return producer

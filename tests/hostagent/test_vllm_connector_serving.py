@@ -1,0 +1,209 @@
+"""KvcastConnector as N serving engines use it: per-request options, group fetch, stats.
+
+The same real vLLM ``Scheduler`` and in-process worker side as ``test_vllm_connector.py``;
+chunks travel through the real pool-node server and the reference switch pipeline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256_cbor  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from hostagent import vllm_connector  # noqa: E402
+from hostagent.vllm_connector import (  # noqa: E402
+    ConnectorConfigError,
+    KvcastConnectorStats,
+    LoadOptions,
+)
+from poolnode.backend import InMemoryBackend  # noqa: E402
+from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
+from tests.hostagent.test_vllm_connector import (  # noqa: E402
+    BS,
+    CURRENT,
+    PROMPT,
+    TENANT,
+    Engine,
+    _vllm_env,  # noqa: F401 - the autouse fixture: pool, sink, vLLM's environment
+    engine_on_switch,
+    hashes,
+    meta_of,
+    model_dir,  # noqa: F401 - the model directory fixture
+    pool_server,  # noqa: F401
+    produce,
+    switch,  # noqa: F401
+)
+
+
+def add(eng: Engine, req_id: str, tokens: list[int], kvcast: dict[str, Any] | None) -> Request:
+    """A request whose sampling params carry ``kv_transfer_params={"kvcast": kvcast}``."""
+    extra = {"kv_transfer_params": {"kvcast": kvcast}} if kvcast is not None else None
+    request = Request(
+        req_id,
+        tokens,
+        SamplingParams(max_tokens=4, extra_args=extra),
+        None,
+        block_hasher=get_request_block_hasher(BS, sha256_cbor),
+    )
+    eng.scheduler.add_request(request)
+    return request
+
+
+def test_request_options_are_read_and_checked() -> None:
+    assert LoadOptions.of(None) == LoadOptions()
+    assert LoadOptions.of({"other": 1}) == LoadOptions()
+    opts = LoadOptions.of({"kvcast": {"load": True, "group": 5, "role": "follower", "save": 0}})
+    assert opts == LoadOptions(load=True, group=5, follower=True, save=False)
+    for bad in (
+        {"group": 5, "role": "watcher"},
+        {"group": 70000},
+        {"group": True},
+        {"role": "follower"},  # a follower without a group
+        {"prefetch": True},
+        "load",
+    ):
+        with pytest.raises(ConnectorConfigError):
+            LoadOptions.of({"kvcast": bad})
+
+
+def test_a_request_that_asks_for_nothing_loads_and_saves_nothing(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    producer, _ = produce(model_dir, switch, PROMPT)
+    consumer = engine_on_switch(model_dir, switch, host="consumer")
+    add(consumer, "c", PROMPT + [7] * 20, {"load": False, "save": False})
+    out = consumer.scheduler.schedule()
+    meta = meta_of(out)
+    assert meta.loads == [] and meta.saves == []  # the pool holds 4 of its blocks: not asked
+    # the same prompt with the defaults, on another engine: it loads the 4 blocks the pool
+    # holds and saves the new full one
+    other = engine_on_switch(model_dir, switch, host="other")
+    add(other, "d", PROMPT + [7] * 20, None)
+    meta = meta_of(other.scheduler.schedule())
+    assert [ld.key for ld in meta.loads] == hashes(PROMPT)
+    assert [s.first for s in meta.saves] == [4]
+    for e in (producer, consumer, other):
+        e.close()
+
+
+def test_a_bad_request_option_computes_every_token(model_dir: Path) -> None:  # noqa: F811
+    CURRENT["backend"].put(TENANT, hashes(PROMPT)[0], b"x")
+    eng = Engine(model_dir, {"service": "127.0.0.1:9"})
+    request = add(eng, "r", PROMPT, {"group": 3, "role": "follower", "extra": 1})
+    assert eng.connector.get_num_new_matched_tokens(request, 0) == (0, False)
+    eng.close()
+
+
+class CountingBackend(InMemoryBackend):
+    """Counts single and batched existence queries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single = 0
+        self.batched: list[int] = []
+
+    def contains(self, tenant: int, key: int) -> bool:
+        self.single += 1
+        return super().contains(tenant, key)
+
+    def contains_many(self, tenant: int, keys: Any) -> list[bool]:
+        self.batched.append(len(keys))
+        return [super(CountingBackend, self).contains(tenant, k) for k in keys]
+
+
+def test_the_pool_is_asked_once_per_request_for_all_its_blocks(model_dir: Path) -> None:  # noqa: F811
+    backend = CURRENT["backend"] = CountingBackend()
+    keys = hashes(PROMPT)
+    for k in keys[:3]:
+        backend.put(TENANT, k, b"x")
+    eng = Engine(model_dir, {"service": "127.0.0.1:9"})
+    request = add(eng, "r", PROMPT, None)
+    # 70 tokens: 4 full blocks, all of them may be matched (the last token stays to compute)
+    assert eng.connector.get_num_new_matched_tokens(request, 0) == (3 * BS, False)
+    assert backend.batched == [4] and backend.single == 0
+    eng.close()
+
+
+def test_a_follower_engine_takes_the_leaders_multicast_stream(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    producer, pid = produce(model_dir, switch, PROMPT)
+    leader = engine_on_switch(model_dir, switch, host="leader")
+    follower = engine_on_switch(model_dir, switch, host="follower")
+    lead_port, follow_port = (
+        switch._hosts[e.worker.fetch_client().address[1]] for e in (leader, follower)
+    )
+    switch.add_group(21, [lead_port, follow_port])
+    add(leader, "l", PROMPT, {"group": 21, "role": "leader", "save": False})
+    add(follower, "f", PROMPT, {"group": 21, "role": "follower", "save": False})
+    lead_out, follow_out = leader.scheduler.schedule(), follower.scheduler.schedule()
+    assert {(ld.group, ld.follower) for ld in meta_of(follow_out).loads} == {(21, True)}
+    # The leader fetches first; its replicas wait in the follower's socket until it follows.
+    assert leader.run_worker(lead_out) == set()
+    assert follower.run_worker(follow_out) == set()
+    reports = follower.worker.last_reports
+    assert len(reports) == 4 and all(r.ok for r in reports)
+    assert sum(r.frags_stream for r in reports) == sum(r.frag_count for r in reports)
+    assert sum(r.repairs for r in reports) == 0  # it sent no GET of its own
+    for mine, theirs in zip(follower.blocks("f")[:4], producer.blocks(pid)[:4], strict=True):
+        assert follower.block_bytes(mine) == producer.block_bytes(theirs)
+    assert follower.worker.fetch_client().group == 0  # the group was the request's only
+    for e in (producer, leader, follower):
+        e.close()
+
+
+def test_a_follower_whose_leader_never_comes_repairs_by_itself(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    producer, _ = produce(model_dir, switch, PROMPT)
+    follower = engine_on_switch(
+        model_dir, switch, host="follower", follow_first_wait_s=0.2, follow_stall_s=0.2
+    )
+    port = switch._hosts[follower.worker.fetch_client().address[1]]
+    switch.add_group(22, [port])
+    add(follower, "f", PROMPT, {"group": 22, "role": "follower", "save": False})
+    assert follower.run_worker(follower.scheduler.schedule()) == set()
+    reports = follower.worker.last_reports
+    assert all(r.ok and r.stalled for r in reports)
+    assert sum(r.frags_stream for r in reports) == 0
+    producer.close()
+    follower.close()
+
+
+def test_the_connector_counts_what_it_loaded_for_vllms_metrics(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    producer, _ = produce(model_dir, switch, PROMPT)
+    consumer = engine_on_switch(model_dir, switch, host="consumer")
+    before = vllm_connector.worker_stats()
+    add(consumer, "c", PROMPT, None)
+    assert consumer.run_worker(consumer.scheduler.schedule()) == set()
+    stats = consumer.worker.get_kv_connector_stats()
+    assert isinstance(stats, KvcastConnectorStats)
+    chunk = consumer.worker.layout.chunk_bytes
+    assert stats.data["chunks_loaded"] == 4 and stats.data["bytes_loaded"] == 4 * chunk
+    assert stats.data["chunks_failed"] == 0 and stats.data["load_jobs"] == 1
+    reduced = stats.reduce()
+    assert reduced["load_gbps"] > 0
+    assert consumer.worker.get_kv_connector_stats() is None  # nothing new since
+    after = vllm_connector.worker_stats()
+    assert after["chunks_loaded"] - before.get("chunks_loaded", 0) == 4
+    merged = KvcastConnectorStats(data={"chunks_loaded": 1}).aggregate(stats)
+    assert merged.data["chunks_loaded"] == 5
+    assert type(consumer.worker).build_kv_connector_stats(stats.data).data == stats.data
+    # the producer's saves are recorded in order: what the experiment loads into SRAM
+    assert [k for _, k in producer.worker.saved] == hashes(PROMPT)
+    producer.close()
+    consumer.close()
