@@ -14,12 +14,15 @@ Functions:
 
 One emulated cluster per machine at a time: Mininet names interfaces by node (``h1-eth0``), and
 starting a cluster removes leftovers by those names, as ``mn -c`` does, so a second cluster
-started beside a running one tears the first one down.
+started beside a running one would tear the first one down. A cluster therefore holds an
+exclusive lock on ``CLUSTER_LOCK`` from before its cleanup until it is stopped; a second one
+waits for it (``lock_timeout_s``), saying so, instead of destroying it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -41,6 +44,9 @@ from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTo
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
+
+CLUSTER_LOCK = Path("/run/lock/kvcast-cluster.lock")
+"""Held by every running cluster of this machine (see the module's docstring)."""
 
 _LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
 
@@ -82,12 +88,19 @@ class Cluster:
         switch_cls: the switch node class (default: BMv2 where installed, else the reference
             target).
         quiet: silence Mininet's own logging.
+        lock_timeout_s: how long ``start`` waits for another cluster of this machine to stop.
     """
 
     def __init__(
-        self, spec: ClusterSpec, switch_cls: type[P4Switch] | None = None, quiet: bool = True
+        self,
+        spec: ClusterSpec,
+        switch_cls: type[P4Switch] | None = None,
+        quiet: bool = True,
+        lock_timeout_s: float = 1800.0,
     ):
         self.spec = spec
+        self.lock_timeout_s = lock_timeout_s
+        self._lock: Any = None
         self.switch_cls = switch_cls or default_switch_class()
         self.nodes = {n.name: n for n in addresses(spec)}
         self._groups: dict[int, list[int]] = {}
@@ -122,6 +135,7 @@ class Cluster:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         try:
+            self._take_lock()
             cleanup_leftovers()
             self.net = Mininet(
                 topo=StarTopo(spec=self.spec),
@@ -149,10 +163,45 @@ class Cluster:
                 self.net.stop()
         finally:
             self.net = None
-            cleanup_leftovers()
+            if self._lock is not None:
+                cleanup_leftovers()
+                self._lock.close()  # releases the lock
+                self._lock = None
             for sig, handler in self._old_handlers.items():
                 signal.signal(sig, handler)
             self._old_handlers.clear()
+
+    def _take_lock(self) -> None:
+        """Waits for the machine's cluster lock (another running cluster holds it).
+
+        Raises:
+            TimeoutError: another cluster held it for ``lock_timeout_s``.
+        """
+        CLUSTER_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        f = CLUSTER_LOCK.open("a+")
+        deadline = time.monotonic() + self.lock_timeout_s
+        said = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    f.close()
+                    raise TimeoutError(
+                        f"another emulated cluster held {CLUSTER_LOCK} for "
+                        f"{self.lock_timeout_s:.0f} s (one cluster per machine at a time)"
+                    ) from None
+                if not said:
+                    print(f"waiting for another emulated cluster to stop ({CLUSTER_LOCK})",
+                          flush=True)  # fmt: skip
+                    said = True
+                time.sleep(0.5)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._lock = f
 
     # ------------------------------------------------------------------ access
     @property
