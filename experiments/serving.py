@@ -1,0 +1,828 @@
+"""Serving through the switch: N real vLLM engines need one prefix at once; time to first token.
+
+Every GPU host of an emulated cluster (Mininet, one P4 switch: BMv2 where installed, the
+reference target otherwise; one DRAM pool node with Mooncake Store) runs a real vLLM engine
+(``experiments.serving_engine``: the CPU build's model runner, paged KV cache and scheduler)
+with the kvcast connector. At each point N engines get one request each at the same instant:
+one shared system prompt (``--prefix`` tokens) plus a suffix of their own. Modes:
+
+``recompute``
+    no KV is loaded: each engine prefills the whole prompt (the connector is loaded but the
+    request asks it for nothing, so every mode runs the same engine).
+``pool``
+    each engine's connector loads the prefix from the pool through the switch: N unicast
+    streams out of one pool link, the N-to-1 incast.
+``multicast``
+    one engine's connector asks the pool for the prefix with a multicast group in its GETs; the
+    switch replicates the pool's one stream to every member, whose connectors follow it.
+``sram``
+    the prefix is in switch SRAM (loaded by the experiment through P4Runtime, as the controller
+    does); the leader's GETs are answered from SRAM and replicated to every member.
+``local``
+    the floor: the prefix is already in every engine's own prefix cache (its HBM, on a GPU),
+    so each computes only its suffix; at N > 1 it measures what N engines sharing this
+    machine's two cores cost, which no network mode can beat.
+
+Before each (N, repeat) one engine prefills the prefix with saving on, so the pool holds it
+(vLLM's own block hashes name the chunks); every engine then drops its own prefix cache and
+every mode runs on the same prompts. Per engine and point it records the time to first token
+(from submitting the request to its first output token), the prompt tokens loaded and computed,
+the greedy output tokens and the first token's log-probability, and the connector's counters;
+per point the pool's egress bytes. It checks every engine's output against the ``recompute``
+mode's for the same prompt.
+
+Link rates: every link (GPU hosts and pool node, one NIC class as in a cluster) is shaped so that
+fetching a token's KV takes the same fraction of prefilling it as in a stated real deployment
+(``DEPLOYMENT``: Llama-3-8B in bf16 on an H100, 400 Gb/s NIC), with this machine's prefill rate
+for the emulation's model measured first (``calibrate``). The model is a Llama with random
+weights saved by transformers (``EMU_SHAPE``): few KV heads and a wide MLP, so that its prefill
+on one CPU core costs what it would per KV byte on a GPU; real weights are not needed for the
+timings, and random ones give outputs that differ between prompts.
+
+Run: ``python -m experiments.serving`` (root; Mininet; ``--help`` lists the sweep).
+
+Classes:
+    Deployment: the real deployment the link rates are scaled to.
+    Engines: one engine process per GPU host.
+
+Functions:
+    make_model: the emulation's model directory.
+    calibrate: this machine's prefill time per token for the model.
+    link_mbit: the link rate that keeps the deployment's fetch/prefill ratio.
+    run: the whole sweep on one cluster.
+    summarize: the table's rows.
+    main: command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
+from experiments.output import pyplot, write_csv
+from hostagent.ports import AGENT_PORT
+from kvcast import p4constants as c
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path("results/serving")
+TENANT = 7
+MODES = ("recompute", "pool", "multicast", "sram", "local")
+DEFAULT_MODES = "recompute,pool,multicast,sram,local"
+ENGINE_CMD = [sys.executable, "-m", "experiments.serving_engine"]
+
+EMU_SHAPE: dict[str, Any] = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "vocab_size": 4096,
+}
+"""The emulation's model: 68M parameters, 1 KiB of bf16 KV per token (4 layers x 1 KV head x
+64 dims x K and V x 2 bytes), so a 1,024-token prefix is 1 MiB: 32 vLLM blocks of 32 tokens,
+4,096 256-byte fragments, within the switch's 8,192 SRAM slots."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The real deployment whose fetch/prefill ratio the emulated links keep.
+
+    Attributes:
+        model: the model and its KV dtype.
+        gpu: where the prefill rate comes from.
+        prefill_us_per_token: prefill time per prompt token.
+        kv_bytes_per_token: KV bytes per token (2 x layers x KV heads x head dim x bytes).
+        nic_gbps: a GPU host's NIC rate (the pool node's too).
+    """
+
+    model: str
+    gpu: str
+    prefill_us_per_token: float
+    kv_bytes_per_token: int
+    nic_gbps: float
+
+    @property
+    def fetch_us_per_token(self) -> float:
+        """Time to move one token's KV through the NIC."""
+        return self.kv_bytes_per_token * 8 / (self.nic_gbps * 1e3)
+
+    @property
+    def ratio(self) -> float:
+        """Fetch time per token over prefill time per token."""
+        return self.fetch_us_per_token / self.prefill_us_per_token
+
+
+DEPLOYMENT = Deployment(
+    model="Llama-3-8B, bf16 KV (32 layers x 8 KV heads x 128 dims)",
+    # experiments.prefill_rate on one NVIDIA H100 80GB HBM3 (transformers 5.17, SDPA, batch 1,
+    # random weights): 31.2-32.9 us per token for 1,024-8,192-token prompts
+    # (docs/data/prefill_h100.json).
+    gpu="H100 80GB HBM3, measured with experiments.prefill_rate",
+    prefill_us_per_token=32.0,
+    kv_bytes_per_token=131072,
+    nic_gbps=400.0,
+)
+
+
+def emu_kv_bytes_per_token(shape: dict[str, Any] = EMU_SHAPE) -> int:
+    """KV bytes per token of the emulation's model (bf16)."""
+    return int(
+        2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
+    )
+
+
+def make_model(path: Path, shape: dict[str, Any] = EMU_SHAPE, seed: int = 0) -> Path:
+    """Writes a Llama of ``shape`` with random weights (seeded) to ``path`` unless it is there.
+
+    Returns:
+        ``path``.
+    """
+    import torch
+    import transformers
+
+    config_file = path / "config.json"
+    if config_file.exists() and (path / "model.safetensors").exists():
+        have = json.loads(config_file.read_text())
+        if all(have.get(k) == v for k, v in shape.items()):
+            return path
+    cfg = transformers.LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=False, **shape)
+    torch.manual_seed(seed)
+    llama: Any = transformers.LlamaForCausalLM
+    model = llama(cfg).to(torch.bfloat16)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    return path
+
+
+def link_mbit(prefill_us_per_token: float, deployment: Deployment = DEPLOYMENT) -> float:
+    """The link rate at which a token's KV takes ``deployment.ratio`` of its prefill time.
+
+    Args:
+        prefill_us_per_token: this machine's prefill time per token for the emulation's model.
+        deployment: the deployment to match.
+
+    Returns:
+        Mbit/s.
+    """
+    fetch_us = deployment.ratio * prefill_us_per_token
+    return emu_kv_bytes_per_token() * 8 / fetch_us
+
+
+class EngineError(RuntimeError):
+    """An engine process failed or answered with an error."""
+
+
+class Engines:
+    """One ``experiments.serving_engine`` process per GPU host, driven by JSON lines.
+
+    Args:
+        popen: ``popen(host, cmd, **kwargs)`` starts a process on a host (in its namespace).
+        names: the hosts.
+        connectors: each host's ``kv_connector_extra_config`` (None: no connector).
+        model: the model directory.
+        log_dir: where each engine's stderr goes.
+        max_model_len: the engines' longest prompt plus output.
+    """
+
+    def __init__(
+        self,
+        popen: Callable[..., subprocess.Popen[str]],
+        names: Sequence[str],
+        connectors: dict[str, dict[str, Any] | None],
+        model: Path,
+        log_dir: Path,
+        max_model_len: int = 4096,
+    ) -> None:
+        self.names = list(names)
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.logs: dict[str, Path] = {}
+        self.startup_s: dict[str, float] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(self.names):
+            log = log_dir / f"engine-{name}.log"
+            self.logs[name] = log
+            cmd = [
+                *ENGINE_CMD, "--model", str(model), "--core", str(i % (os.cpu_count() or 1)),
+                "--max-model-len", str(max_model_len),
+            ]  # fmt: skip
+            if connectors[name] is not None:
+                cmd += ["--connector", json.dumps(connectors[name])]
+            with log.open("w") as err:
+                self.procs[name] = popen(
+                    name, cmd, cwd=REPO, text=True, bufsize=1,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                )  # fmt: skip
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Waits for every engine's ready line.
+
+        Raises:
+            EngineError: an engine exited or stayed silent (its log's tail in the message).
+        """
+        deadline = time.monotonic() + timeout_s
+        for name in self.names:
+            rec = self._read(name, deadline)
+            if not rec.get("ready"):
+                raise EngineError(f"engine {name} did not start: {rec}")
+            self.startup_s[name] = float(rec["startup_s"])
+
+    def _read(self, name: str, deadline: float) -> dict[str, Any]:
+        proc = self.procs[name]
+        assert proc.stdout is not None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(f"engine {name}: no answer in time; {self.tail(name)}")
+            ready, _, _ = select.select([proc.stdout], [], [], left)
+            if not ready:
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise EngineError(f"engine {name} exited ({proc.poll()}); {self.tail(name)}")
+            if line.startswith("{"):
+                rec: dict[str, Any] = json.loads(line)
+                return rec
+
+    def tail(self, name: str, chars: int = 3000) -> str:
+        """The end of an engine's log."""
+        return f"log {self.logs[name]}:\n{self.logs[name].read_text(errors='replace')[-chars:]}"
+
+    def ask(
+        self, commands: dict[str, dict[str, Any]], timeout_s: float = 300.0
+    ) -> dict[str, dict[str, Any]]:
+        """Sends one command to each named engine and returns each one's answer.
+
+        Raises:
+            EngineError: an engine died, did not answer in time, or answered with an error.
+        """
+        for name, cmd in commands.items():
+            stdin = self.procs[name].stdin
+            assert stdin is not None
+            stdin.write(json.dumps(cmd) + "\n")
+            stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        out = {name: self._read(name, deadline) for name in commands}
+        for name, rec in out.items():
+            if "error" in rec:
+                raise EngineError(f"engine {name}: {rec['error']}")
+        return out
+
+    def close(self) -> None:
+        """Asks every engine to quit, then ends those that do not."""
+        for proc in self.procs.values():
+            if proc.poll() is None and proc.stdin is not None:
+                try:
+                    proc.stdin.write('{"cmd": "quit"}\n')
+                    proc.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) -> float:
+    """This machine's prefill time per token for ``model``, one engine alone on one core.
+
+    Starts one engine without a connector in this namespace, warms it up, and times
+    ``repeats`` full prefills of ``prompt_tokens`` distinct random tokens.
+
+    Returns:
+        The median microseconds per token.
+    """
+    with tempfile.TemporaryDirectory(prefix="kvcast-calib-") as tmp:
+        engines = Engines(
+            lambda _name, cmd, **kw: subprocess.Popen(cmd, **kw),
+            ["calib"],
+            {"calib": None},
+            model,
+            Path(tmp),
+        )
+        try:
+            engines.wait_ready(300)
+            rnd = random.Random(seed)
+            times = []
+            for i in range(repeats + 1):
+                prompt = [rnd.randrange(EMU_SHAPE["vocab_size"]) for _ in range(prompt_tokens)]
+                rec = engines.ask({"calib": {"cmd": "run", "prompt": prompt, "max_tokens": 1}})
+                if i:  # the first is the warm-up
+                    times.append(rec["calib"]["ttft_s"])
+        finally:
+            engines.close()
+    return float(statistics.median(times)) / prompt_tokens * 1e6
+
+
+def _tokens(rnd: random.Random, n: int) -> list[int]:
+    return [rnd.randrange(EMU_SHAPE["vocab_size"]) for _ in range(n)]
+
+
+def _pool_tx_bytes(cluster: Any) -> int:
+    from experiments.incast import _pool_tx_bytes as tx
+
+    return tx(cluster)
+
+
+def connector_config(
+    host_ip: str, name: str, pool_ip: str, master: str, window: int, timeouts: tuple[float, float],
+    mtu: int, mac_keys: dict[int, bytes] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One engine's ``kv_connector_extra_config`` on the emulated cluster."""
+    cfg: dict[str, Any] = {
+        "service": f"{SERVICE_IP}:{c.KVP_UDP_PORT}",
+        "pool": f"{pool_ip}:{c.KVP_UDP_PORT}",
+        "tenant": TENANT,
+        "pool_backend": "mooncake",
+        "mooncake": {
+            "master_addr": master,
+            "local_hostname": host_ip,
+            "global_segment_size": 0,
+            "local_buffer_size": 64 << 20,
+        },
+        "host": name,
+        "bind": f"0.0.0.0:{AGENT_PORT}",
+        "fetch": {
+            "mtu": mtu,
+            "window": window,
+            "timeout_s": round(timeouts[0], 3),
+            "max_timeout_s": round(timeouts[1], 3),
+            "deadline_s": 60.0,
+        },
+        # A follower repairs by itself only after the leader's longest GET timeout.
+        "follow_stall_s": round(max(0.5, 1.2 * timeouts[1]), 3),
+        "follow_first_wait_s": 10.0,
+    }
+    if mac_keys:
+        cfg["mac_keys"] = {str(t): k.hex() for t, k in mac_keys.items()}
+    return cfg
+
+
+@dataclass
+class Plan:
+    """What one sweep does.
+
+    Attributes:
+        ns: engine counts.
+        modes: mode names, in the order each point runs them.
+        repeats: runs of every point.
+        prefix: shared prompt tokens (a multiple of the block size).
+        suffix: each request's own tokens after the prefix.
+        max_tokens: greedy output tokens per request.
+        seed: the prompts' seed.
+    """
+
+    ns: Sequence[int] = (1, 2, 4, 8)
+    modes: Sequence[str] = MODES
+    repeats: int = 3
+    prefix: int = 1024
+    suffix: int = 16
+    max_tokens: int = 8
+    seed: int = 20261127
+
+
+def run(
+    plan: Plan,
+    model: Path,
+    mbit: float,
+    out: Path,
+    progress: Callable[[str], None] = print,
+    switch_cls: Any = None,
+    corrupt_check: bool = False,
+) -> dict[str, Any]:
+    """The whole sweep on one emulated cluster.
+
+    Args:
+        plan: the sweep.
+        model: the model directory (``make_model``).
+        mbit: every link's rate (``link_mbit``).
+        out: where the engines' logs go.
+        progress: where progress lines go.
+        switch_cls: the switch node class (default: BMv2 where installed, else the reference
+            target).
+        corrupt_check: at the end, with MAC keys on, corrupt one chunk of a published prefix
+            in the pool and check that the engine recomputes from it with the same output.
+
+    Returns:
+        ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
+
+    Raises:
+        EngineError: an engine failed.
+        RuntimeError: the pool node did not start.
+    """
+    from emulation.network import Cluster
+    from emulation.switches import default_switch_class
+    from experiments.incast import MODES as INCAST_MODES
+    from experiments.incast import agent_window, get_timeouts
+
+    switch_cls = switch_cls or default_switch_class()
+    n_max = max(plan.ns)
+    spec = ClusterSpec(
+        n_hosts=n_max,
+        n_pools=1,
+        host_link=LinkSpec(bw_mbit=mbit),
+        pool_link=LinkSpec(bw_mbit=mbit),
+        tenants=(TENANT,),
+    )
+    window = agent_window(INCAST_MODES["a"], n_max)
+    timeouts = get_timeouts(INCAST_MODES["a"], n_max, mbit, window, spec.mtu)
+    mac_keys = {TENANT: bytes(range(32))} if corrupt_check else None
+    rows: list[dict[str, Any]] = []
+    points: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"rows": rows, "points": points}
+    t_start = time.monotonic()
+    with Cluster(spec, switch_cls) as cluster:
+        pool = cluster.pools()[0]
+        hosts = cluster.hosts()
+        names = [h.name for h in hosts]
+        pool_cmd = [
+            sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
+            "--local-hostname", pool.ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
+            "--mtu", str(spec.mtu),
+        ]  # fmt: skip
+        ready = r"poolnode listening .*master=(\S+)"
+        with cluster.serve(pool.name, pool_cmd, ready, 180, cwd=REPO) as listening:
+            master = listening.group(1)
+            connectors: dict[str, dict[str, Any] | None] = {
+                h.name: connector_config(
+                    h.ip, h.name, pool.ip, master, window, timeouts, spec.mtu, mac_keys
+                )
+                for h in hosts
+            }
+
+            engines = Engines(
+                lambda name, cmd, **kw: cluster.host(name).popen(cmd, **kw),
+                names,
+                connectors,
+                model,
+                out / "logs",
+            )
+            try:
+                t0 = time.monotonic()
+                engines.wait_ready(600)
+                progress(f"{n_max} engines ready in {time.monotonic() - t0:.1f} s")
+                _warm_up(engines, plan)
+                progress("engines warmed up")
+                result["setup"] = {
+                    "switch": switch_cls.__name__,
+                    "link_mbit": mbit,
+                    "mtu": spec.mtu,
+                    "window": window,
+                    "get_timeouts": timeouts,
+                    "engine_startup_s": engines.startup_s,
+                }
+                _sweep(cluster, engines, plan, rows, points, progress)
+                if corrupt_check:
+                    result["corrupt"] = _corrupt_check(engines, plan)
+                    progress(f"corrupt check: {result['corrupt']}")
+            finally:
+                engines.close()
+    result["elapsed_s"] = time.monotonic() - t_start
+    return result
+
+
+def _warm_up(engines: Engines, plan: Plan) -> None:
+    """First forward passes (slow once per process) and the connector's socket and pool path.
+
+    Host 1 prefills and publishes a throw-away prompt; then every engine loads it from the pool
+    once (its fetch client binds the agent port then, before any group fetch needs it), and
+    runs a full prefill of another.
+    """
+    rnd = random.Random(plan.seed - 1)
+    first = engines.names[0]
+    warm = _tokens(rnd, plan.prefix + plan.suffix)
+    engines.ask({first: {"cmd": "run", "prompt": warm, "max_tokens": 1}})
+    engines.ask({n: {"cmd": "reset"} for n in engines.names})
+    engines.ask(
+        {n: {"cmd": "run", "prompt": warm, "kvcast": {"save": False}, "max_tokens": 1}
+         for n in engines.names}
+    )  # fmt: skip
+    other = _tokens(rnd, plan.prefix + plan.suffix)
+    engines.ask(
+        {n: {"cmd": "run", "prompt": other, "kvcast": {"load": False, "save": False},
+             "max_tokens": 1} for n in engines.names}
+    )  # fmt: skip
+    engines.ask({n: {"cmd": "reset"} for n in engines.names})
+
+
+def _mode_options(mode: str, i: int, group: int) -> dict[str, Any]:
+    if mode in ("recompute", "local"):
+        return {"load": False, "save": False}
+    if mode == "pool":
+        return {"save": False}
+    return {"save": False, "group": group, "role": "leader" if i == 0 else "follower"}
+
+
+def _sweep(
+    cluster: Any,
+    engines: Engines,
+    plan: Plan,
+    rows: list[dict[str, Any]],
+    points: list[dict[str, Any]],
+    progress: Callable[[str], None],
+) -> None:
+    client = cluster.client
+    total = len(plan.ns) * plan.repeats * len(plan.modes)
+    done = 0
+    epoch = 0
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvcast-serving-") as tmp:
+        for rep in range(plan.repeats):
+            for n in plan.ns:
+                names = engines.names[:n]
+                rnd = random.Random(plan.seed + 1000 * rep + n)
+                prefix = _tokens(rnd, plan.prefix)
+                prompts = {name: prefix + _tokens(rnd, plan.suffix) for name in names}
+                # Host 1 prefills the prefix with saving on: the pool holds its blocks.
+                produce = prefix + _tokens(rnd, plan.suffix)
+                rec = engines.ask(
+                    {names[0]: {"cmd": "run", "prompt": produce, "kvcast": {"load": False},
+                                "max_tokens": 1}}
+                )[names[0]]  # fmt: skip
+                keys: list[tuple[int, int]] = [tuple(k) for k in rec["saved"]]  # type: ignore[misc]
+                keys = keys[: plan.prefix // 32]
+                chunk_file = Path(tmp) / "chunks.bin"
+                engines.ask({names[0]: {"cmd": "read", "keys": keys, "path": str(chunk_file)}})
+                blob = chunk_file.read_bytes()
+                chunk = len(blob) // len(keys)
+                recompute_tokens: dict[str, list[int]] = {}
+                recompute_lp: dict[str, float] = {}
+                for mode in plan.modes:
+                    done += 1
+                    epoch += 1
+                    group = 100 + epoch
+                    engines.ask({name: {"cmd": "reset"} for name in engines.names})
+                    if mode == "sram":
+                        frags = -(-chunk // c.FRAG_BYTES)
+                        for j, (tenant, key) in enumerate(keys):
+                            client.load_chunk(
+                                tenant, key, blob[j * chunk : (j + 1) * chunk],
+                                slot_base=j * frags, epoch=epoch & 0xFFFF or 1,
+                            )  # fmt: skip
+                    if mode in ("multicast", "sram"):
+                        cluster.add_group(group, names)
+                    if mode == "local":  # the prefix into each engine's own cache first
+                        engines.ask(
+                            {name: {"cmd": "run", "prompt": prompts[name],
+                                    "kvcast": {"load": False, "save": False}, "max_tokens": 1}
+                             for name in names}
+                        )  # fmt: skip
+                    tx0 = _pool_tx_bytes(cluster)
+                    start_at = time.time() + 1.0
+                    recs = engines.ask(
+                        {name: {"cmd": "run", "prompt": prompts[name],
+                                "kvcast": _mode_options(mode, i, group),
+                                "max_tokens": plan.max_tokens, "start_at": start_at}
+                         for i, name in enumerate(names)}
+                    )  # fmt: skip
+                    pool_tx = _pool_tx_bytes(cluster) - tx0
+                    if mode in ("multicast", "sram"):
+                        cluster.remove_group(group)
+                    if mode == "sram":
+                        for tenant, key in keys:
+                            client.delete(
+                                c.TABLE_INGRESS_CACHE_CACHE_TABLE, {"tenant": tenant, "key": key}
+                            )
+                    if mode == "recompute":
+                        recompute_tokens = {nm: r["tokens"] for nm, r in recs.items()}
+                        recompute_lp = {nm: r["first_logprob"] for nm, r in recs.items()}
+                    ttfts = []
+                    for i, (name, r) in enumerate(recs.items()):
+                        conn = r.get("connector", {})
+                        ref = recompute_tokens.get(name)
+                        rows.append({
+                            "mode": mode, "n": n, "rep": rep, "host": name,
+                            "role": "leader" if i == 0 else "follower",
+                            "ttft_s": round(r["ttft_s"], 5), "e2e_s": round(r["e2e_s"], 5),
+                            "skew_s": round(r["started"] - start_at, 5),
+                            "prompt_tokens": r["prompt_tokens"],
+                            "loaded_tokens": int(conn.get("chunks_loaded", 0)) * 32,
+                            "computed_tokens": r["computed_tokens"],
+                            "frags_hit": int(conn.get("frags_hit", 0)),
+                            "frags_pool": int(conn.get("frags_pool", 0)),
+                            "frags_stream": int(conn.get("frags_stream", 0)),
+                            "repairs": int(conn.get("repairs", 0)),
+                            "chunks_failed": int(conn.get("chunks_failed", 0)),
+                            "first_logprob": r["first_logprob"],
+                            "tokens": " ".join(map(str, r["tokens"])),
+                            "same_as_recompute": (r["tokens"] == ref) if ref is not None else "",
+                            "logprob_diff": (
+                                abs(r["first_logprob"] - recompute_lp[name])
+                                if name in recompute_lp else ""
+                            ),
+                        })  # fmt: skip
+                        ttfts.append(r["ttft_s"])
+                    points.append({
+                        "mode": mode, "n": n, "rep": rep,
+                        "ttft_p50_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
+                        "pool_tx_bytes": pool_tx, "prefix_bytes": len(blob),
+                    })  # fmt: skip
+                    progress(
+                        f"[{done:3d}/{total}] {time.monotonic() - t0:6.1f}s mode={mode} N={n} "
+                        f"rep={rep} ttft p50={statistics.median(ttfts) * 1e3:.1f} ms "
+                        f"max={max(ttfts) * 1e3:.1f} ms pool_tx={pool_tx / len(blob):.2f}x "
+                        f"loaded={sum(r['loaded_tokens'] for r in rows[-n:])} "
+                        f"computed={sum(r['computed_tokens'] for r in rows[-n:])}"
+                    )
+
+
+def _corrupt_check(engines: Engines, plan: Plan) -> dict[str, Any]:
+    """A chunk whose pool copy went bad (MAC keys on): the engine recomputes, same output.
+
+    Host 1 publishes a prefix; block 3's bytes in the pool are replaced by other bytes of the
+    same length (the pool node's CRC is then valid for the wrong bytes: only the MAC catches
+    it); host 1 drops its cache and runs the prompt again through the connector.
+    """
+    name = engines.names[0]
+    rnd = random.Random(plan.seed - 7)
+    prompt = _tokens(rnd, plan.prefix + plan.suffix)
+    ref = engines.ask(
+        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
+                "max_tokens": plan.max_tokens}}
+    )[name]  # fmt: skip
+    tenant, key = ref["saved"][3]
+    with tempfile.TemporaryDirectory(prefix="kvcast-corrupt-") as tmp:
+        good = Path(tmp) / "good.bin"
+        engines.ask({name: {"cmd": "read", "keys": [[tenant, key]], "path": str(good)}})
+        data = bytearray(good.read_bytes())
+        for i in range(0, len(data), 64):
+            data[i] ^= 0x5A
+        bad = Path(tmp) / "bad.bin"
+        bad.write_bytes(bytes(data))
+        engines.ask({name: {"cmd": "corrupt", "tenant": tenant, "key": key, "path": str(bad)}})
+    engines.ask({name: {"cmd": "reset"}})
+    got = engines.ask(
+        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"save": False},
+                "max_tokens": plan.max_tokens}}
+    )[name]  # fmt: skip
+    conn = got["connector"]
+    return {
+        "corrupted_block": 3,
+        "loaded_tokens": int(conn.get("chunks_loaded", 0)) * 32,
+        "computed_tokens": got["computed_tokens"],
+        "chunks_failed": int(conn.get("chunks_failed", 0)),
+        "same_output": got["tokens"] == ref["tokens"],
+        "first_logprob_diff": abs(got["first_logprob"] - ref["first_logprob"]),
+    }
+
+
+def summarize(
+    points: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per (N, mode): TTFT over the repeats, tokens, pool egress, outputs checked.
+
+    TTFT per point is the median engine's and the last engine's; the table gives their medians
+    over the repeats and the worst last-engine TTFT of any repeat (the tail).
+    """
+    out = []
+    lone = [p["ttft_p50_s"] for p in points if p["n"] == 1 and p["mode"] == "pool"]
+    lone_s = statistics.median(lone) if lone else None
+    for n in sorted({p["n"] for p in points}):
+        floor = [p["ttft_max_s"] for p in points if p["n"] == n and p["mode"] == "local"]
+        floor_s = statistics.median(floor) if floor else None
+        for mode in MODES:
+            ps = [p for p in points if p["n"] == n and p["mode"] == mode]
+            if not ps:
+                continue
+            rs = [r for r in rows if r["n"] == n and r["mode"] == mode]
+            p50 = statistics.median(p["ttft_p50_s"] for p in ps)
+            last = statistics.median(p["ttft_max_s"] for p in ps)
+            checked = [r["same_as_recompute"] for r in rs if r["same_as_recompute"] != ""]
+            out.append({
+                "n": n, "mode": mode, "repeats": len(ps),
+                "ttft_p50_ms": round(p50 * 1e3, 1), "ttft_last_ms": round(last * 1e3, 1),
+                "ttft_tail_ms": round(max(p["ttft_max_s"] for p in ps) * 1e3, 1),
+                "vs_lone_cached": round(last / lone_s, 2) if lone_s else "",
+                "vs_local_same_n": round(last / floor_s, 2) if floor_s else "",
+                "loaded_tokens": round(statistics.mean(r["loaded_tokens"] for r in rs)),
+                "computed_tokens": round(statistics.mean(r["computed_tokens"] for r in rs)),
+                "pool_tx_over_prefix": round(
+                    statistics.median(p["pool_tx_bytes"] / p["prefix_bytes"] for p in ps), 2
+                ),
+                "repairs": sum(r["repairs"] for r in rs),
+                "chunks_failed": sum(r["chunks_failed"] for r in rs),
+                "outputs_equal": (all(checked) and len(checked) == len(rs)) if checked else "",
+                "max_logprob_diff": round(
+                    max((r["logprob_diff"] for r in rs if r["logprob_diff"] != ""), default=0.0), 4
+                ),
+            })  # fmt: skip
+    return out
+
+
+COLUMNS = [
+    ("n", "N"), ("mode", "mode"), ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_last_ms", "TTFT last ms"), ("ttft_tail_ms", "tail ms"),
+    ("vs_lone_cached", "/lone"), ("vs_local_same_n", "/local"),
+    ("loaded_tokens", "loaded"), ("computed_tokens", "computed"),
+    ("pool_tx_over_prefix", "pool tx/prefix"), ("repairs", "repairs"),
+    ("chunks_failed", "failed"), ("outputs_equal", "= recompute"),
+    ("max_logprob_diff", "max |dlogp|"),
+]  # fmt: skip
+
+
+def format_table(summary: Sequence[dict[str, Any]]) -> str:
+    """The summary as a fixed-width text table."""
+    heads = [h for _, h in COLUMNS]
+    cells = [[str(r[k]) for k, _ in COLUMNS] for r in summary]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def plot(summary: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """TTFT of the last engine against N, one line per mode (log scale)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in MODES:
+        pts = [r for r in summary if r["mode"] == mode]
+        if not pts:
+            continue
+        ax.plot([r["n"] for r in pts], [r["ttft_last_ms"] for r in pts], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("engines N needing the prefix at once")
+    ax.set_ylabel("time to first token, last engine (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m experiments.serving``."""
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.serving", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--ns", default="1,2,4,8", help="engine counts (default 1,2,4,8)")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated of {MODES}")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prefix", type=int, default=1024, help="shared prompt tokens (x32)")
+    p.add_argument("--suffix", type=int, default=16, help="each request's own tokens")
+    p.add_argument("--link-mbit", type=float, help="link rate (default: calibrated)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--model", type=Path, help="model directory (default: OUT/model, made)")
+    p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
+    args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or args.prefix % 32:
+        p.error(f"unknown modes {bad}" if bad else "--prefix must be a multiple of 32")
+    if os.geteuid() != 0:
+        p.error("needs root (Mininet)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = make_model(args.model or args.out / "model")
+    if args.link_mbit is None:
+        us = calibrate(model, args.prefix + args.suffix)
+        mbit = link_mbit(us)
+        print(f"calibrated: prefill {us:.1f} us/token on one core -> links at {mbit:.1f} Mbit/s "
+              f"(fetch/prefill per token {DEPLOYMENT.ratio:.4f}, as {DEPLOYMENT.model} on "
+              f"{DEPLOYMENT.gpu} with a {DEPLOYMENT.nic_gbps:g} Gb/s NIC)", flush=True)  # fmt: skip
+    else:
+        us, mbit = float("nan"), args.link_mbit
+    plan = Plan(
+        ns=[int(x) for x in args.ns.split(",")],
+        modes=modes,
+        repeats=args.repeats,
+        prefix=args.prefix,
+        suffix=args.suffix,
+    )
+    res = run(plan, model, mbit, args.out, corrupt_check=args.corrupt_check)
+    summary = summarize(res["points"], res["rows"])
+    write_csv(args.out / "engines.csv", res["rows"])
+    write_csv(args.out / "summary.csv", summary)
+    meta = {**res["setup"], "prefill_us_per_token": us, "deployment": DEPLOYMENT.__dict__,
+            "ratio": DEPLOYMENT.ratio, "shape": EMU_SHAPE, "plan": plan.__dict__,
+            "corrupt": res.get("corrupt"), "elapsed_s": res["elapsed_s"]}  # fmt: skip
+    (args.out / "setup.json").write_text(json.dumps(meta, indent=1, default=str))
+    title = (f"{max(plan.ns)} vLLM engines (CPU), {plan.prefix}-token shared prefix, links "
+             f"{mbit:.0f} Mbit/s ({res['setup']['switch']})")  # fmt: skip
+    plot(summary, args.out / "ttft.png", title)
+    print(format_table(summary))
+    if res.get("corrupt"):
+        print(f"corrupted chunk: {res['corrupt']}")
+    print(f"wrote {args.out}/engines.csv, summary.csv, setup.json, ttft.png "
+          f"({res['elapsed_s']:.0f} s)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

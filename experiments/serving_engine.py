@@ -1,0 +1,270 @@
+"""One real vLLM engine with the kvcast connector, driven by JSON lines (``experiments.serving``).
+
+The serving experiment runs one of these per GPU host (a Mininet host): a vLLM engine (the CPU
+build's model runner, paged KV cache, scheduler and sampler, in one process:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor) whose KV connector is
+``hostagent.vllm_connector.KvcastConnector``. It prints ``{"ready": ...}`` once the engine is up,
+then answers one JSON line per command read from standard input:
+
+``{"cmd": "run", "prompt": [ids], "kvcast": {...}, "max_tokens": n, "start_at": t}``
+    waits until wall-clock ``t``, submits the request (``kvcast`` goes to the connector as the
+    request's ``kv_transfer_params``, ``hostagent.vllm_connector.LoadOptions``), steps the engine
+    until it ends and answers the time to first token (from submission to the first output
+    token), the greedy output tokens and the first token's log-probability, the prompt tokens
+    the engine found cached (its own prefix cache plus what the connector loaded), and what the
+    connector loaded for it (``worker_stats`` before and after).
+``{"cmd": "reset"}``
+    drops the engine's own prefix cache (every block it holds becomes a miss again) and
+    anything waiting on the connector's socket (replicas of an earlier point).
+``{"cmd": "read", "keys": [[tenant, key], ...], "path": p}``
+    reads chunks from the DRAM pool through the connector's own pool client and writes them,
+    concatenated, to ``p`` (the experiment loads them into switch SRAM, or corrupts one).
+``{"cmd": "corrupt", "tenant": t, "key": k, "path": p}``
+    replaces a chunk in the pool with the bytes in ``p`` (a pool whose copy went bad).
+``{"cmd": "quit"}``
+    shuts the engine down.
+
+Run: ``python -m experiments.serving_engine --model DIR --connector JSON [--core C]``.
+
+Functions:
+    engine_env: the environment an engine process needs.
+    build_engine: the vLLM engine.
+    serve: the command loop.
+    main: command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+BLOCK_SIZE = 32
+"""Tokens per KV block: vLLM's CPU attention takes multiples of 32; one block is one chunk."""
+KV_CACHE_GIB = 1
+
+
+def engine_env(core: int | None) -> dict[str, str]:
+    """The environment variables an engine process runs with.
+
+    Args:
+        core: the CPU core its OpenMP threads are bound to (one thread); None: vLLM's default.
+
+    Returns:
+        Variables to add to the process's environment.
+    """
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+        # Every engine must hash blocks alike (vLLM seeds its first block hash from it).
+        "PYTHONHASHSEED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return env
+
+
+def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: int) -> Any:
+    """A vLLM ``LLM`` on ``model`` (token ids in, token ids out) with the kvcast connector.
+
+    Args:
+        model: a model directory (``config.json`` and weights; no tokenizer needed).
+        connector: ``kv_connector_extra_config`` (``hostagent.vllm_connector.ConnectorConfig``);
+            None: no connector.
+        max_model_len: longest prompt plus output.
+
+    Returns:
+        The ``vllm.LLM``.
+    """
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {}
+    if connector is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "KvcastConnector",
+            "kv_connector_module_path": "hostagent.vllm_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": connector,
+        }
+    return LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_model_len,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        seed=0,
+        **kwargs,
+    )
+
+
+def _connector_worker() -> Any:
+    """The process's worker-side kvcast connector (the engine runs in-process)."""
+    from hostagent import vllm_connector
+
+    workers = list(vllm_connector._WORKERS)
+    return workers[0] if workers else None
+
+
+def _run(llm: Any, cmd: dict[str, Any], seq: int) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from hostagent.vllm_connector import worker_stats
+
+    extra = {"kv_transfer_params": {"kvcast": cmd["kvcast"]}} if cmd.get("kvcast") else None
+    params = SamplingParams(
+        max_tokens=int(cmd.get("max_tokens", 8)), temperature=0.0, logprobs=0, extra_args=extra
+    )
+    prompt = [int(t) for t in cmd["prompt"]]
+    before = worker_stats()
+    worker = _connector_worker()
+    saved_before = len(worker.saved) if worker is not None else 0
+    wait = float(cmd.get("start_at", 0.0)) - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    engine = llm.llm_engine
+    t0 = time.perf_counter()
+    started = time.time()
+    req_id = f"r{seq}"
+    engine.add_request(req_id, TokensPrompt(prompt_token_ids=prompt), params)
+    ttft = None
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id != req_id:
+                continue
+            if ttft is None and out.outputs and out.outputs[0].token_ids:
+                ttft = time.perf_counter() - t0
+            if out.finished:
+                final = out
+    e2e = time.perf_counter() - t0
+    if final is None or ttft is None:
+        raise RuntimeError(f"request {req_id} ended without output")
+    after = worker_stats()
+    completion = final.outputs[0]
+    first_lp = None
+    if completion.logprobs:
+        first = completion.logprobs[0]
+        first_lp = float(first[completion.token_ids[0]].logprob)
+    cached = int(final.num_cached_tokens or 0)
+    loaded = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # vLLM counts the tokens it found cached when it first scheduled the request (its own hits
+    # plus what the connector matched); blocks whose load failed were computed after all.
+    failed_tokens = int(loaded.get("blocks_failed", 0)) * BLOCK_SIZE
+    return {
+        "ttft_s": ttft,
+        "e2e_s": e2e,
+        "started": started,
+        "tokens": list(completion.token_ids),
+        "first_logprob": first_lp,
+        "prompt_tokens": len(prompt),
+        "cached_tokens": cached,
+        "computed_tokens": len(prompt) - cached + failed_tokens,
+        "connector": loaded,
+        # (tenant, key) of the prompt blocks this request handed the pool, in order.
+        "saved": [list(k) for k in worker.saved[saved_before:]] if worker is not None else [],
+    }
+
+
+def _reset(llm: Any) -> dict[str, Any]:
+    ok = bool(llm.reset_prefix_cache())
+    worker = _connector_worker()
+    dropped = 0
+    if worker is not None and worker._client is not None:
+        dropped = worker._client.discard_pending()
+    return {"reset": ok, "dropped": dropped}
+
+
+def _read(cmd: dict[str, Any]) -> dict[str, Any]:
+    worker = _connector_worker()
+    if worker is None:
+        raise RuntimeError("no kvcast connector in this engine")
+    sizes = []
+    with open(cmd["path"], "wb") as f:
+        for tenant, key in cmd["keys"]:
+            data = worker.backend.get(int(tenant), int(key))
+            if data is None:
+                raise RuntimeError(f"chunk {int(key):#x} of tenant {tenant} is not in the pool")
+            f.write(data)
+            sizes.append(len(data))
+    return {"sizes": sizes}
+
+
+def _corrupt(cmd: dict[str, Any]) -> dict[str, Any]:
+    worker = _connector_worker()
+    if worker is None:
+        raise RuntimeError("no kvcast connector in this engine")
+    tenant, key = int(cmd["tenant"]), int(cmd["key"])
+    data = Path(cmd["path"]).read_bytes()
+    worker.backend.delete(tenant, key)
+    worker.backend.put(tenant, key, data)
+    return {"corrupted": f"{key:#x}", "bytes": len(data)}
+
+
+def serve(llm: Any, inp: IO[str], out: IO[str]) -> None:
+    """Answers commands from ``inp`` (one JSON object a line) on ``out`` until ``quit``/EOF."""
+    seq = 0
+    for line in inp:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.get("cmd")
+        try:
+            if op == "quit":
+                break
+            if op == "run":
+                seq += 1
+                reply = _run(llm, cmd, seq)
+            elif op == "reset":
+                reply = _reset(llm)
+            elif op == "read":
+                reply = _read(cmd)
+            elif op == "corrupt":
+                reply = _corrupt(cmd)
+            else:
+                reply = {"error": f"unknown command {op!r}"}
+        except Exception as exc:  # noqa: BLE001 - the driver gets the error, the engine lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps({"cmd": op, **reply}) + "\n")
+        out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m experiments.serving_engine``."""
+    p = argparse.ArgumentParser(prog="python -m experiments.serving_engine", description=__doc__)
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--connector", help="kv_connector_extra_config as JSON (none: no connector)")
+    p.add_argument("--core", type=int, help="CPU core for the engine's one OpenMP thread")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    args = p.parse_args(argv)
+    os.environ.update(engine_env(args.core))
+    t0 = time.monotonic()
+    connector = json.loads(args.connector) if args.connector else None
+    # vLLM logs to stdout: the replies keep stdout to themselves.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    llm = build_engine(args.model, connector, args.max_model_len)
+    replies.write(json.dumps({"ready": True, "startup_s": time.monotonic() - t0}) + "\n")
+    replies.flush()
+    try:
+        serve(llm, sys.stdin, replies)
+    finally:
+        del llm
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""Real vLLM engines serve through the switch: the serving experiment at N = 2, every mode.
+
+Two CPU engines (vLLM's CPU build: model runner, paged KV cache, scheduler) with the kvcast
+connector, each in a Mininet host, one pool node with Mooncake Store, the reference switch. A
+tiny random Llama (the experiment's shape). Engine 1 prefills a 1,024-token prefix and publishes
+it; then both engines get a request with that prefix and a suffix of their own, in each mode.
+Checked (bytes, tokens and counters, which the modes fix exactly; no times):
+
+- in every mode every engine's greedy output equals what it produced computing every token;
+- through the connector (from the pool, from the group's multicast stream, from switch SRAM)
+  each engine loads the whole prefix and computes only its suffix;
+- the pool sends the prefix once per engine by unicast, once in all with multicast, not at all
+  from SRAM, where the leader's fragments all come from the switch;
+- a chunk whose pool copy went bad (MAC keys on) is recomputed from that block on, with the
+  same output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mininet_env import MININET_MISSING
+from tests.poolnode.conftest import MOONCAKE_MISSING
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+N = 2
+PREFIX, SUFFIX = 1024, 16
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
+    if MOONCAKE_MISSING:
+        pytest.skip(MOONCAKE_MISSING)
+    from emulation.switches import RefSwitch
+    from experiments.serving import Plan, make_model, run
+
+    out = tmp_path_factory.mktemp("serving")
+    model = make_model(out / "model")
+    plan = Plan(
+        ns=[N], modes=["recompute", "pool", "multicast", "sram"], repeats=1,
+        prefix=PREFIX, suffix=SUFFIX, max_tokens=4,
+    )  # fmt: skip
+    got: dict[str, Any] = run(
+        plan, model, 200.0, out, progress=lambda _s: None, switch_cls=RefSwitch,
+        corrupt_check=True,
+    )  # fmt: skip
+    return got
+
+
+def rows(result: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    got = [r for r in result["rows"] if r["mode"] == mode]
+    assert len(got) == N
+    return got
+
+
+def point(result: dict[str, Any], mode: str) -> dict[str, Any]:
+    (p,) = [p for p in result["points"] if p["mode"] == mode]
+    return p
+
+
+def test_every_engine_gives_the_output_of_a_full_prefill_in_every_mode(result: dict) -> None:
+    for mode in ("pool", "multicast", "sram"):
+        for r in rows(result, mode):
+            assert r["same_as_recompute"] is True, (mode, r)
+
+
+def test_through_the_connector_each_engine_computes_only_its_suffix(result: dict) -> None:
+    for r in rows(result, "recompute"):
+        assert r["loaded_tokens"] == 0 and r["computed_tokens"] == PREFIX + SUFFIX
+    for mode in ("pool", "multicast", "sram"):
+        for r in rows(result, mode):
+            assert r["loaded_tokens"] == PREFIX, (mode, r)
+            assert r["computed_tokens"] == SUFFIX, (mode, r)
+            assert r["chunks_failed"] == 0
+
+
+def test_the_pool_sends_the_prefix_per_engine_once_in_all_or_not_at_all(result: dict) -> None:
+    prefix = point(result, "pool")["prefix_bytes"]
+    assert prefix == PREFIX * 1024  # 1 KiB of KV per token
+    assert N * prefix <= point(result, "pool")["pool_tx_bytes"] < N * prefix * 1.3
+    assert prefix <= point(result, "multicast")["pool_tx_bytes"] < prefix * 1.3
+    assert point(result, "sram")["pool_tx_bytes"] < prefix * 0.05
+
+
+def test_group_members_take_the_stream_and_sram_answers_the_leader(result: dict) -> None:
+    frags = PREFIX * 1024 // 256
+    leader, follower = rows(result, "multicast")
+    assert leader["role"] == "leader" and leader["frags_pool"] == frags
+    assert follower["frags_stream"] + follower["repairs"] == frags
+    assert follower["frags_stream"] > 0
+    leader, _ = rows(result, "sram")
+    assert leader["frags_hit"] == frags and leader["frags_pool"] == 0
+
+
+def test_a_corrupted_chunk_is_recomputed_with_the_same_output(result: dict) -> None:
+    got = result["corrupt"]
+    bad = got["corrupted_block"]
+    assert got["same_output"] is True
+    assert got["chunks_failed"] == 1 and got["loaded_tokens"] == bad * 32
+    assert got["computed_tokens"] == PREFIX + SUFFIX - bad * 32
+
+
+def test_the_experiment_names_its_setup(result: dict, tmp_path: Path) -> None:
+    from experiments.serving import format_table, plot, summarize
+
+    setup = result["setup"]
+    assert setup["switch"] == "RefSwitch" and setup["link_mbit"] == 200.0
+    summary = summarize(result["points"], result["rows"])
+    assert {r["mode"] for r in summary} == {"recompute", "pool", "multicast", "sram"}
+    assert all(r["outputs_equal"] is True for r in summary if r["mode"] != "recompute")
+    assert "TTFT p50 ms" in format_table(summary)
+    plot(summary, tmp_path / "ttft.png", "test")
+    assert (tmp_path / "ttft.png").stat().st_size > 1000
