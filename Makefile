@@ -7,7 +7,7 @@ P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
 P4C_TOFINO ?= $(shell command -v bf-p4c 2>/dev/null || { [ -x /opt/p4-tofino/bin/bf-p4c ] && echo /opt/p4-tofino/bin/bf-p4c; })
 P4TEST  ?= $(shell command -v p4test 2>/dev/null || { [ -x /opt/p4/bin/p4test ] && echo /opt/p4/bin/p4test; })
 
-.PHONY: setup demo test test-fast p4 p4-tofino constants bench fuzz faults lint clean
+.PHONY: setup demo serve test test-fast p4 p4-tofino constants bench fuzz faults lint clean
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,11 @@ setup:
 ## demo: install what is needed, then the incast experiment on the emulated cluster (root)
 demo: setup
 	$(PY) -m experiments.incast --out results/demo
+
+## serve: install what is needed, then N real vLLM engines (CPU) share a prefix through the
+## switch: time to first token per mode (root; experiments/serving.py, docs/results.md)
+serve: setup
+	$(PY) -m experiments.serving --out results/serving --corrupt-check
 
 ## test: install what is needed, then run the whole test suite
 test: setup
