@@ -487,13 +487,20 @@ def run(
                     "get_timeouts": timeouts,
                     "engine_startup_s": engines.startup_s,
                 }
-                _sweep(cluster, engines, plan, rows, points, progress)
-                if corrupt_check:
-                    result["corrupt"] = _corrupt_check(engines, plan)
-                    progress(f"corrupt check: {result['corrupt']}")
+                try:
+                    _sweep(cluster, engines, plan, rows, points, progress)
+                    if corrupt_check:
+                        result["corrupt"] = _corrupt_check(engines, plan)
+                        progress(f"corrupt check: {result['corrupt']}")
+                except EngineError as exc:
+                    # The points measured so far still reach the CSVs; the error says where.
+                    result["error"] = str(exc)[:2000]
+                    progress(f"stopped after {len(points)} points: {exc}")
             finally:
                 engines.close()
     result["elapsed_s"] = time.monotonic() - t_start
+    if "setup" not in result:
+        raise EngineError("the engines did not start")
     return result
 
 
@@ -688,11 +695,18 @@ def summarize(
     """One row per (N, mode): TTFT over the repeats, tokens, pool egress, outputs checked.
 
     TTFT per point is the median engine's and the last engine's; the table gives their medians
-    over the repeats and the worst last-engine TTFT of any repeat (the tail).
+    over the repeats and the worst last-engine TTFT of any repeat (the tail). ``vs_lone_cached``
+    is the last engine's TTFT over a lone engine's cached-prefix TTFT (mode ``pool`` at N = 1);
+    ``vs_local_same_n`` over the ``local`` floor at the same N (N engines computing their suffix
+    at once on this machine's cores, no KV moved); ``net_ms`` is the difference, the time the
+    KV's journey adds, and ``net_vs_lone`` that time over a lone engine's (pool at N = 1 minus
+    local at N = 1).
     """
     out = []
     lone = [p["ttft_p50_s"] for p in points if p["n"] == 1 and p["mode"] == "pool"]
     lone_s = statistics.median(lone) if lone else None
+    local1 = [p["ttft_p50_s"] for p in points if p["n"] == 1 and p["mode"] == "local"]
+    lone_net = lone_s - statistics.median(local1) if lone_s is not None and local1 else None
     for n in sorted({p["n"] for p in points}):
         floor = [p["ttft_max_s"] for p in points if p["n"] == n and p["mode"] == "local"]
         floor_s = statistics.median(floor) if floor else None
@@ -710,6 +724,10 @@ def summarize(
                 "ttft_tail_ms": round(max(p["ttft_max_s"] for p in ps) * 1e3, 1),
                 "vs_lone_cached": round(last / lone_s, 2) if lone_s else "",
                 "vs_local_same_n": round(last / floor_s, 2) if floor_s else "",
+                "net_ms": round((last - floor_s) * 1e3, 1) if floor_s else "",
+                "net_vs_lone": (
+                    round((last - floor_s) / lone_net, 2) if floor_s and lone_net else ""
+                ),
                 "loaded_tokens": round(statistics.mean(r["loaded_tokens"] for r in rs)),
                 "computed_tokens": round(statistics.mean(r["computed_tokens"] for r in rs)),
                 "pool_tx_over_prefix": round(
@@ -728,7 +746,8 @@ def summarize(
 COLUMNS = [
     ("n", "N"), ("mode", "mode"), ("ttft_p50_ms", "TTFT p50 ms"),
     ("ttft_last_ms", "TTFT last ms"), ("ttft_tail_ms", "tail ms"),
-    ("vs_lone_cached", "/lone"), ("vs_local_same_n", "/local"),
+    ("vs_lone_cached", "/lone"), ("vs_local_same_n", "/local"), ("net_ms", "net ms"),
+    ("net_vs_lone", "net/lone"),
     ("loaded_tokens", "loaded"), ("computed_tokens", "computed"),
     ("pool_tx_over_prefix", "pool tx/prefix"), ("repairs", "repairs"),
     ("chunks_failed", "failed"), ("outputs_equal", "= recompute"),
@@ -806,12 +825,15 @@ def main(argv: list[str] | None = None) -> int:
         suffix=args.suffix,
     )
     res = run(plan, model, mbit, args.out, corrupt_check=args.corrupt_check)
+    if res.get("error"):
+        print(f"error: {res['error']}", flush=True)
     summary = summarize(res["points"], res["rows"])
     write_csv(args.out / "engines.csv", res["rows"])
     write_csv(args.out / "summary.csv", summary)
     meta = {**res["setup"], "prefill_us_per_token": us, "deployment": DEPLOYMENT.__dict__,
             "ratio": DEPLOYMENT.ratio, "shape": EMU_SHAPE, "plan": plan.__dict__,
-            "corrupt": res.get("corrupt"), "elapsed_s": res["elapsed_s"]}  # fmt: skip
+            "corrupt": res.get("corrupt"), "elapsed_s": res["elapsed_s"],
+            "error": res.get("error")}  # fmt: skip
     (args.out / "setup.json").write_text(json.dumps(meta, indent=1, default=str))
     title = (f"{max(plan.ns)} vLLM engines (CPU), {plan.prefix}-token shared prefix, links "
              f"{mbit:.0f} Mbit/s ({res['setup']['switch']})")  # fmt: skip
@@ -821,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"corrupted chunk: {res['corrupt']}")
     print(f"wrote {args.out}/engines.csv, summary.csv, setup.json, ttft.png "
           f"({res['elapsed_s']:.0f} s)")  # fmt: skip
-    return 0
+    return 1 if res.get("error") else 0
 
 
 if __name__ == "__main__":

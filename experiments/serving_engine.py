@@ -51,8 +51,14 @@ KV_CACHE_GIB = 1
 def engine_env(core: int | None) -> dict[str, str]:
     """The environment variables an engine process runs with.
 
+    One OpenMP thread that sleeps when idle: the engine's model runs in-process (the ``uni``
+    executor), where vLLM's CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``, applied when it
+    spawns worker processes) does not apply, and torch's default of one spinning OpenMP thread
+    per core made N engines on a few cores spend their time spinning. ``main`` pins the process
+    to ``core`` itself.
+
     Args:
-        core: the CPU core its OpenMP threads are bound to (one thread); None: vLLM's default.
+        core: the CPU core the engine runs on; None: any.
 
     Returns:
         Variables to add to the process's environment.
@@ -66,9 +72,10 @@ def engine_env(core: int | None) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind" if core is None else str(core),
     }
-    if core is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     return env
 
 
@@ -251,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=4096)
     args = p.parse_args(argv)
     os.environ.update(engine_env(args.core))
+    if args.core is not None:
+        os.sched_setaffinity(0, {args.core})
     t0 = time.monotonic()
     connector = json.loads(args.connector) if args.connector else None
     # vLLM logs to stdout: the replies keep stdout to themselves.

@@ -1,7 +1,8 @@
 """kvcast as a vLLM KV connector: prefix KV from the switch (or the DRAM pool) into vLLM's cache.
 
 vLLM's v1 engine loads external KV through a ``KVConnectorBase_V1``; ``KvcastConnector`` is one,
-written for vLLM 0.33.0 (the connector API changes between releases), loaded with::
+written for vLLM 0.32.0 (the connector API changes between releases; 0.33's is the same for what
+it uses), loaded with::
 
     --kv-transfer-config '{"kv_connector": "KvcastConnector",
         "kv_connector_module_path": "hostagent.vllm_connector", "kv_role": "kv_both",
@@ -28,12 +29,15 @@ Scheduler side (``role == SCHEDULER``), per step:
 
 Worker side (``role == WORKER``):
 
-* ``register_kv_caches`` takes vLLM 0.33's per-layer views ``[num_blocks, kv_heads, block_size,
+* ``register_kv_caches`` takes vLLM's per-layer views ``[num_blocks, kv_heads, block_size,
   2 x head_dim]`` and derives the chunk layout from them.
 * ``start_load_kv`` hands the step's loads to a loader thread, which fetches the chunks with the
   host agent's ``FetchClient.fetch_many`` (several in flight at once; switch first, the pool
   behind it, the pool directly last; every fragment CRC-checked) and copies each into every
-  destination block of every layer.
+  destination block of every layer. A request may ask for a multicast group fetch
+  (``LoadOptions``: its ``kv_transfer_params``): the leader's GETs name the group and the switch
+  replicates the replies to every member; a follower takes the stream
+  (``FetchClient.follow``) and repairs gaps by unicast.
 * ``wait_for_layer_load`` waits for a synchronous load (one chunk holds every layer, so the first
   layer waits for all); with ``load_async`` the engine goes on and ``get_finished`` reports the
   requests whose loads ended.
@@ -46,6 +50,8 @@ Worker side (``role == WORKER``):
 
 Classes:
     ConnectorConfig: the connector's settings, from ``kv_connector_extra_config``.
+    LoadOptions: what one request asks of kvcast (load, save, multicast group and role).
+    KvcastConnectorStats: the connector's counters for vLLM's metrics.
     ChunkLoad: one chunk to fetch and the engine blocks it goes to.
     ChunkSave: one request's newly full blocks to publish.
     KvcastConnectorMetadata: what the scheduler side hands the worker side each step.
@@ -54,6 +60,7 @@ Classes:
 
 Functions:
     load_object: ``"package.module:attribute"`` -> the attribute.
+    worker_stats: the counters of this process's worker connectors (an in-process engine).
 """
 
 from __future__ import annotations
@@ -694,7 +701,7 @@ class KvcastConnector(KVConnectorBase_V1):
 
         Args:
             kv_caches: layer name -> ``[num_blocks, kv_heads, block_size, 2 x head_dim]``
-                (vLLM 0.33's standardized view), in layer order.
+                (vLLM's standardized view since 0.32), in layer order.
 
         Raises:
             ConnectorConfigError: a view of another shape, or layers that differ.
@@ -706,7 +713,7 @@ class KvcastConnector(KVConnectorBase_V1):
         if first.dim() != 4 or first.shape[3] % 2:
             raise ConnectorConfigError(
                 f"KV view {tuple(first.shape)} is not [num_blocks, kv_heads, block_size, "
-                "2 x head_dim] (vLLM 0.33's per-layer view)"
+                "2 x head_dim] (vLLM's per-layer view)"
             )
         _, heads, block, content = (int(d) for d in first.shape)
         if block != self.block_size:
