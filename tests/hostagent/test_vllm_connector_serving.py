@@ -207,3 +207,26 @@ def test_the_connector_counts_what_it_loaded_for_vllms_metrics(
     assert [k for _, k in producer.worker.saved] == hashes(PROMPT)
     producer.close()
     consumer.close()
+
+
+def test_a_dead_pool_turns_the_load_into_recompute_and_the_engine_goes_on(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+    pool_server: Any,  # noqa: F811
+) -> None:
+    producer, _ = produce(model_dir, switch, PROMPT)
+    consumer = engine_on_switch(model_dir, switch, host="consumer")
+    add(consumer, "c", PROMPT, {"save": False})
+    out = consumer.scheduler.schedule()
+    assert len(meta_of(out).loads) == 4  # the pool held every block when the scheduler asked
+    pool_server.stop()  # then it died, before the worker fetched
+    failed = consumer.run_worker(out)
+    assert failed == set(consumer.blocks("c")[:4])  # all four blocks go back to be computed
+    reports = consumer.worker.last_reports
+    assert reports and all(not r.ok and r.reason.value == "no_answer" for r in reports)
+    # The engine serves on: the next request's lookup still answers (the pool's existence
+    # check is what the scheduler asks), and a request that loads nothing is unaffected.
+    add(consumer, "d", [9] * 40, {"load": False})
+    assert meta_of(consumer.scheduler.schedule()).loads == []
+    producer.close()
+    consumer.close()
