@@ -577,7 +577,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(MODES),
         help="comma-separated incast modes (default: a,b,c,d; relief needs a)",
     )
-    ap.add_argument("--quick", action="store_true", help=f"faults {QUICK_FAULTS}, N=2, 32 KiB")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"faults {QUICK_FAULTS}, N=2, 32 KiB".replace("%", "%%"),
+    )
     ap.add_argument(
         "--restarts",
         choices=["on", "off", "only"],
@@ -589,12 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(["incast-kill", *RESTART_COMPONENTS, "trace-faults"]),
         help="with --restarts on/only: which runs (default: all): incast-kill (the incast with "
         f"the switch killed), the restarts {', '.join(RESTART_COMPONENTS)}, and trace-faults "
-        f"(the trace replay under {', '.join(TRACE_FAULTS)})",
+        f"(the trace replay under {', '.join(TRACE_FAULTS)})".replace("%", "%%"),
     )
     ap.add_argument(
         "--faults",
         help="comma-separated fault names to run (default: all; 'none' is always run first), "
-        f"from: {', '.join(f for f, _ in FAULTS)}",
+        f"from: {', '.join(f for f, _ in FAULTS)}".replace("%", "%%"),
     )
     args = ap.parse_args(argv)
     faults = [f for f in FAULTS if not args.quick or f[0] in QUICK_FAULTS]
