@@ -217,6 +217,13 @@ class SwitchTestbed:
                 c.ACTION_INGRESS_FORWARDING_ROUTE,
                 {"port": port, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
             )
+        # The host's port bound to its address (the reference target denies an unknown port).
+        cl.insert(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": 1},
+            c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+            {"addr": _ip(HOST_IP), "check_tenant": 0},
+        )
         cl.insert(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": 2},
