@@ -41,6 +41,7 @@ _UDP = struct.Struct("!HHHH")
 _SKETCH_TK = struct.Struct("!HQ")
 _SKETCH_KTK = struct.Struct("!IHI")
 _MAX16 = 0xFFFF
+_REPORT_VALID = 1 << 32  # set in every report-row mark, so an all-zero cell is never a mark
 
 ETH_LEN = 14
 IPV4_LEN = c.IPV4_HDR_BYTES
@@ -123,7 +124,11 @@ class Registers:
         frag_crc: CRC stored with each slot (FragmentStore.frag_crc).
         frag_len: valid bytes of each slot (FragmentStore.frag_len).
         cms_rows: CMS_ROWS sketch rows of CMS_WIDTH cells (HotMissSketch.rowN.cms_row).
-        reported: the sketch's report row (HotMissSketch.reported).
+        reported: the sketch's report row (HotMissSketch.reported), one 64-bit cell each:
+            a valid bit (bit 32), the tenant that was last reported there (bits 31-16) and the
+            window it was reported in (bits 15-0). Per-tenant marks (issue 27): another
+            tenant's key that hashes to a victim's cell cannot mark it reported for the victim.
+            The committed P4 programs still keep ``1 ++ window`` in 32 bits (docs/security.md).
     """
 
     def __init__(self) -> None:
@@ -132,7 +137,7 @@ class Registers:
         self.frag_crc = array.array("I", bytes(4 * c.NUM_FRAG_SLOTS))
         self.frag_len = array.array("H", bytes(2 * c.NUM_FRAG_SLOTS))
         self.cms_rows = [array.array("I", bytes(4 * c.CMS_WIDTH)) for _ in range(c.CMS_ROWS)]
-        self.reported = array.array("I", bytes(4 * c.CMS_WIDTH))
+        self.reported = array.array("Q", bytes(8 * c.CMS_WIDTH))
 
     def snapshot(self) -> bytes:
         """All cache state (fragments and their metadata) as bytes, to compare before/after."""
@@ -700,7 +705,11 @@ class Pipeline:
             _U16.pack_into(pkt, udp + 6, 0)
 
     def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
-        """HotMissSketch: count the miss, report the key once per window from the threshold on."""
+        """HotMissSketch: count the miss, report the key once per window from the threshold on.
+
+        "Once" is per tenant and report cell: the cell remembers which tenant it reported for,
+        so a key of another tenant sharing the cell is still reported (and re-marks it).
+        """
         call, _ = self.state.lookup(T_SKETCH_CONFIG, ())
         threshold = call.params["threshold"]
         window = call.params["window"]
@@ -718,7 +727,7 @@ class Pipeline:
             row[index] = (window << 16) | count
             estimate = min(estimate, count)
         if estimate >= threshold:
-            mark = (1 << 16) | window
+            mark = _REPORT_VALID | (tenant << 16) | window
             if regs.reported[ir] != mark:
                 regs.reported[ir] = mark
                 self.state.emit_digest(HOT_DIGEST, (tenant, key, estimate))
