@@ -77,7 +77,9 @@ _GET_BATCH = 64  # the most GETs packed and sent together (kvcast._native.send_g
 _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
-_KVP_PORT = c.KVP_UDP_PORT
+# The native receive path also accepts any sender whose source port equals this argument: no
+# UDP port is -1, so only the trusted addresses are accepted.
+_NO_PORT = -1
 # The native path's receive slots (one datagram each, any UDP size) and event record width.
 _SLOT = 65536
 # The tenant and key of a KVP header (kvp_t), to find the fetch a datagram is for.
@@ -216,8 +218,8 @@ class FetchReport:
         invalid: DATA for this chunk with an impossible range, length or fragment count, or
             answering one of this fetch's GETs with another group or fragments it did not ask
             for.
-        foreign: datagrams from a sender that is neither a KVP service (UDP port
-            ``KVP_UDP_PORT``) nor one of the client's paths (dropped unread).
+        foreign: datagrams from a sender that is neither the service address nor a pool address
+            the client was given (dropped unread).
         nacks: NACKs received for this fetch.
         fell_back: whether the client switched to asking the DRAM pool directly.
         duration_s: wall time of the fetch.
@@ -450,6 +452,9 @@ class FetchClient:
             fails the KVP fetch goes on. None: KVP only.
         tail_probe_min_s: the shortest wait before a GET at the fetch's tail is sent again
             (TAIL_PROBE_SRTTS); at least ``timeout_s`` turns tail probes off.
+        pool_addrs: the other pool nodes the switch may forward this client's misses to: their
+            answers come from their own addresses. Datagrams from anyone but the service
+            address, ``pool_addr`` and these are dropped (``foreign``).
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -478,6 +483,7 @@ class FetchClient:
         mac_keys: Mapping[int, bytes] | None = None,
         direct: PoolBackend | None = None,
         tail_probe_min_s: float = TAIL_PROBE_MIN_S,
+        pool_addrs: Sequence[Address] = (),
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -521,9 +527,10 @@ class FetchClient:
         self.direct = direct
         self._mac_buf = torch.zeros(MAC_BYTES, dtype=torch.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
-        # Senders the unconnected socket takes datagrams from besides any KVP service port: the
-        # paths themselves (in tests, servers on ephemeral ports).
-        self._trusted = {_resolved(a) for a in (p.addr for p in self.paths)}
+        # The only senders the unconnected socket takes datagrams from: the paths (the switch's
+        # service address, the pool) and the pool nodes the switch may forward misses to. Not
+        # "any KVP source port": a host that gets a datagram past the switch could set it.
+        self._trusted = {_resolved(a) for a in (*(p.addr for p in self.paths), *pool_addrs)}
         # The native receive path (kvcast._native.recv_fetch), where it is built: a batch of
         # datagrams per system call, checked, CRC'd and copied into the tensor in C.
         nat = native_enabled()
@@ -1051,9 +1058,8 @@ class FetchClient:
                         break
                     except ConnectionRefusedError:  # an ICMP error for an earlier GET: a timeout
                         continue
-                    # Only a KVP service (the switch, a pool node behind it) or a path speaks
-                    # to the agent; the switch lets no host send from the KVP port.
-                    if src[1] != _KVP_PORT and src not in trusted:
+                    # Only the switch's service address and the pool nodes speak to the agent.
+                    if src not in trusted:
                         st.report.foreign += 1
                         continue
                     receive(st, nrecv)
@@ -1112,7 +1118,7 @@ class FetchClient:
                             nrecv = sock.recv_into(rbuf)
                         else:
                             nrecv, src = sock.recvfrom_into(rbuf)
-                            if src[1] != _KVP_PORT and src not in trusted:
+                            if src not in trusted:
                                 active[0].report.foreign += 1
                                 continue
                     except (BlockingIOError, InterruptedError):
@@ -1453,7 +1459,7 @@ class FetchClient:
         while st.missing:
             stream[0] = stream[1] = stream[2] = stream[3] = stream[4] = 0
             nev, slow, foreign, drained = recv_fetch(
-                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _NO_PORT, _DATA_VO,
                 st.tenant, st.key, st.get_group, self.group, st.crc_seed, st.nbytes, _FB,
                 st.rid_base, st.rids_used, st.out, st.frag, st.owner, self._events, stream,
             )  # fmt: skip
@@ -1508,7 +1514,7 @@ class FetchClient:
                      st.rids_used, st.out, st.frag, st.owner, stream)
                 )  # fmt: skip
             nev, slow, foreign, drained = recv_fetches(
-                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _NO_PORT, _DATA_VO,
                 self.group, _FB, tuple(fetches), events,
             )  # fmt: skip
             active[0].report.foreign += foreign
