@@ -23,6 +23,7 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.wire import KvpHeader
 from poolnode.backend import InMemoryBackend
+from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent
 from tests.hostagent.refbridge import RefSwitchBridge
@@ -68,7 +69,8 @@ def backend() -> InMemoryBackend:
 
 @pytest.fixture
 def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
-    with PoolServer(backend, "127.0.0.1", 0) as srv:
+    # Behind the (reference) switch, which checks group membership: any group.
+    with PoolServer(backend, "127.0.0.1", 0, groups=ANY_GROUP) as srv:
         yield srv
 
 
