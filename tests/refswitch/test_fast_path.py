@@ -95,7 +95,7 @@ def _spy(
     original = getattr(target.pipeline, name)
 
     def spy(port: int, frame: bytes) -> list[Output] | None:
-        out = original(port, frame)
+        out: list[Output] | None = original(port, frame)
         if out is not None:
             served.append(port)
         return out
