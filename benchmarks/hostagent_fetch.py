@@ -217,6 +217,13 @@ class SwitchTestbed:
                 c.ACTION_INGRESS_FORWARDING_ROUTE,
                 {"port": port, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
             )
+        # The host's port bound to its address (the reference target denies an unknown port).
+        cl.insert(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": 1},
+            c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+            {"addr": _ip(HOST_IP), "check_tenant": 0},
+        )
         cl.insert(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": 2},
@@ -294,7 +301,7 @@ def _pool_node(cmd: list[str]) -> Iterator[tuple[int, int]]:
 def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:
     cmd = tb.in_ns(
         tb.host_ns, sys.executable, "-m", "hostagent.bench", "probe",
-        "--service", VIP, "--tenant", str(TENANT), "--key", f"{KEY:#x}",
+        "--service", VIP, "--trust-pool", PEER_IP, "--tenant", str(TENANT), "--key", f"{KEY:#x}",
         "--nbytes", str(nbytes), "--seed", str(SEED), "--rounds", str(rounds),
         "--udp-netns", tb.peer_ns, "--udp-src", PEER_IP, "--udp-dst", HOST_IP,
         "--switch-pid", str(tb.sw.proc.pid if tb.sw else 0), *extra,
@@ -633,7 +640,7 @@ def measure_receive(
     """
     import torch
 
-    from benchmarks.udp_feed import GROUP, Feed
+    from benchmarks.udp_feed import GROUP, SENDER, Feed
     from hostagent.fetch import FetchClient
     from kvcast.native import native
 
@@ -653,7 +660,7 @@ def measure_receive(
             Feed() as feed,
             FetchClient(
                 ("127.0.0.1", 9), group=GROUP, mtu=mtu, socket_buffer_bytes=16 << 20,
-                deadline_s=10,
+                deadline_s=10, pool_addrs=[SENDER],
             ) as client,
         ):  # fmt: skip
             count = feed.build(nbytes, frags_per_msg)

@@ -34,6 +34,13 @@ TENANT, KEY, FRAGS, EPOCH = 1, 0xC0FFEE, 8, 1
 
 
 def _load_chunk(sw: SwitchProcess) -> None:
+    # The host's port bound to its address: the reference target denies an unknown port.
+    sw.client.insert(
+        c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+        {"port": 1},
+        c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+        {"addr": int.from_bytes(wire.ip_bytes(HOST_IP), "big"), "check_tenant": 0},
+    )
     data = b"".join(bytes([idx]) * c.FRAG_BYTES for idx in range(FRAGS))
     sw.client.load_chunk(TENANT, KEY, data, slot_base=0, epoch=EPOCH)
 

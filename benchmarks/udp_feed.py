@@ -15,8 +15,8 @@ The parent talks to it over stdin/stdout, one line per command:
     Sends them to IP:PORT; answers ``sent T0_NS T1_NS BYTES``: ``CLOCK_MONOTONIC`` right before
     the first datagram and after the last, the same clock the parent reads.
 
-It binds ``SENDER`` (the KVP port on a loopback address of its own), so the agent's source
-check takes its datagrams as a KVP service's.
+It binds ``SENDER`` (the KVP port on a loopback address of its own), which the agent is given
+as a pool node (``pool_addrs``), so its source check takes the datagrams.
 
 Functions:
     stream_messages: a chunk as multicast-replica DATA messages.

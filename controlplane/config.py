@@ -18,7 +18,9 @@ A complete example (only ``switches`` is required; every other setting has a def
                                        # compiler's kvcast.conf; reference target: null
         router_mac: "02:00:00:00:00:fe"
         program_forwarding: true       # routes, L2 entries, port roles for hosts and pools
-        deny_unknown_ports: true       # KVP from a port that is neither a host nor a pool: drop
+                                       # (false: no binding at all; logged as a warning)
+        deny_unknown_ports: true       # a port that is neither a host nor a pool: DENY
+                                       # (false: unbound host ports; logged as a warning)
         # Tofino only: the CPU (PCIe) port the program was compiled for, and one loopback port
         # per pipe for the WRITE fan-out (every pipe holds the cache): e.g. a 2-pipe Tofino-1
         # cpu_port: 192, fanout_ports: [68, 196]
@@ -28,7 +30,8 @@ A complete example (only ``switches`` is required; every other setting has a def
          fetch_address: "10.254.5.2:19286"}   # where the controller reads chunk bytes
     hosts:
       - {name: h1, id: 1, ip: 10.0.0.1, mac: "00:00:00:00:00:01", port: 1, udp_port: 19287,
-         tenants: [1, 2]}              # tenants its port may ask for (omitted: any tenant)
+         tenants: [1, 2]}              # required: the tenants its port may ask for, or
+                                       # `tenants: any` (any tenant; logged as a warning)
     policy:
       name: kvcast
       params: {hysteresis: 0.25}
@@ -64,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +81,10 @@ from controlplane.policies import PolicyConfigError, available_policies, make_po
 from controlplane.targets import Target
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+
+_LOG = logging.getLogger(__name__)
+# The explicit opt-out of tenant binding for a host (``tenants: any``).
+ANY_TENANT = "any"
 
 __all__ = [
     "DEFAULT_P4INFO",
@@ -137,8 +145,9 @@ class SwitchSpec:
             and pools (False: another system owns forwarding).
         epoch_state_file: where the epoch clock persists its high-water mark, or None.
         deny_unknown_ports: with ``program_forwarding``, make every port that is neither a
-            configured host nor a pool a DENY port (no KVP from it), instead of the program's
-            default (an unbound host port).
+            configured host nor a pool a DENY port (nothing from it on the reference target, no
+            KVP on the P4 programs as committed); False writes an unbound host port as the
+            default instead (logged as a warning: such a port is not address-checked).
         cpu_port: Tofino: the CPU port the program was compiled for (``CPU_PORT_NUM``).
         fanout_ports: Tofino: one loopback port per pipe, in distinct pipes, the CPU port's
             among them; each WRITE is stored by every pipe through its port (docs/tofino.md).
@@ -204,7 +213,8 @@ class HostSpec:
         port: the switch port it is reached through.
         udp_port: the UDP port its agent receives replicas on.
         tenants: the tenants its port may ask for (the switch drops a GET naming another), or
-            None for any tenant (a single-tenant fabric); its source address is bound either way.
+            None for any tenant (a single-tenant fabric: the file must say ``tenants: any``;
+            logged as a warning); its source address is bound either way.
         switch: the switch it hangs off.
     """
 
@@ -566,18 +576,38 @@ def _host(raw: object, path: str, index: int, default_switch: str | None) -> Hos
         port=_int(s.take("port", required=True), s.at("port"), 0, 510),
         switch=_str(switch, s.at("switch")),
         udp_port=_int(s.take("udp_port", AGENT_PORT), s.at("udp_port"), 1, 65535),
-        tenants=_tenants(s.take("tenants", None), s.at("tenants")),
+        tenants=_tenants(s.take("tenants", None), s.at("tenants"), name),
     )
     s.done()
     return spec
 
 
-def _tenants(raw: object, path: str) -> tuple[int, ...] | None:
+def _tenants(raw: object, path: str, host: str) -> tuple[int, ...] | None:
+    """A host's tenant binding: a list of tenant ids, or None for an explicit ``any``.
+
+    Raises:
+        ConfigError: omitted (a host must name its tenants), empty, or not tenant ids.
+    """
     if raw is None:
+        raise ConfigError(
+            f"{path}: required: list the tenants host {host!r} may ask for (e.g. tenants: [1]), "
+            f"or write 'tenants: {ANY_TENANT}' to let its port ask for any tenant "
+            "(a single-tenant fabric; docs/security.md)"
+        )
+    if raw == ANY_TENANT:
+        _LOG.warning(
+            "%s: host %r may ask for any tenant (tenants: any): its port is bound to its address "
+            "only, and it can read every tenant's chunks",
+            path,
+            host,
+            extra={"event": "config_warning", "setting": path},
+        )
         return None
     items = _list(raw, path)
     if not items:
-        raise ConfigError(f"{path}: an empty list binds no tenant; omit it for any tenant")
+        raise ConfigError(
+            f"{path}: an empty list binds no tenant; list them, or write 'tenants: {ANY_TENANT}'"
+        )
     return tuple(sorted({_int(t, f"{path}[{i}]", 0, 0xFFFF) for i, t in enumerate(items)}))
 
 
@@ -664,7 +694,24 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         + [(f"hosts[{i}].port", (h.switch, h.port)) for i, h in enumerate(hosts)],
         "switch port",
     )
-    for sw in switches:
+    for i, sw in enumerate(switches):
+        if not sw.program_forwarding:
+            _LOG.warning(
+                "switches[%d].program_forwarding: false: switch %r gets no source or tenant "
+                "binding from this controller; another system must bind its host ports (the "
+                "reference target denies every port nobody configured)",
+                i,
+                sw.name,
+                extra={"event": "config_warning", "setting": f"switches[{i}].program_forwarding"},
+            )
+        elif not sw.deny_unknown_ports:
+            _LOG.warning(
+                "switches[%d].deny_unknown_ports: false: every port of switch %r that is neither "
+                "a configured host nor a pool is an unbound host port (no address check)",
+                i,
+                sw.name,
+                extra={"event": "config_warning", "setting": f"switches[{i}].deny_unknown_ports"},
+            )
         if sw.program_forwarding:
             for i, p in enumerate(pools):
                 if p.switch == sw.name and (p.mac is None or p.port is None):

@@ -594,9 +594,11 @@ def run_sweep(
                 for s in sizes
                 for arg in ("--preload", f"{TENANT}:{replica_key(keys[s], j):#x}:{s}:{SEED}")
             ]
+            # The experiment programs its groups into the switch itself, per point (no
+            # controller to serve them to the node): the switch's membership check guards them.
             pool_cmd = [
                 sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT),
-                "--mtu", str(spec.mtu), *preload,
+                "--mtu", str(spec.mtu), "--any-group", *preload,
             ]  # fmt: skip
             if pool_backend == "mooncake":
                 pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]

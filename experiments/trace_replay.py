@@ -476,6 +476,7 @@ def controller_config(
     }
     if switch.kind == "bmv2":
         sw["device_config"] = str(BMV2_JSON_PATH)
+    tenants = cluster.spec.tenants
     doc: dict[str, Any] = {
         "switches": [sw],
         "pools": [
@@ -489,7 +490,15 @@ def controller_config(
             for p in cluster.pools()
         ],
         "hosts": [
-            {"name": h.name, "id": h.port, "ip": h.ip, "mac": h.mac, "port": h.port}
+            {
+                "name": h.name,
+                "id": h.port,
+                "ip": h.ip,
+                "mac": h.mac,
+                "port": h.port,
+                # The cluster's binding: the controller needs it named ("any" is explicit).
+                "tenants": "any" if tenants is None else list(tenants),
+            }
             for h in cluster.hosts()
         ],
         "policy": {

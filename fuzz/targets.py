@@ -78,6 +78,7 @@ def run_refswitch(count: int, seed: int) -> Counter[str]:
         def totals() -> tuple[int, int]:
             drops = sum(p for p, _ in state.counter_values(IG_DROPS))
             drops += sum(p for p, _ in state.counter_values(EG_DROPS))
+            drops += sum(target.pipeline.edge_drops.snapshot().values())  # refswitch/edge.py
             return drops, sum(p for p, _ in state.counter_values(IG_EVENTS))
 
         regs = target.pipeline.regs.snapshot()
@@ -245,13 +246,21 @@ def run_agent(count: int, seed: int) -> Counter[str]:
     out: Counter[str] = Counter()
     sent = 0
     stop = threading.Event()
+    # The hostile source is a pool node the client was given: the worst case, a source the
+    # agent trusts, so every mutant reaches the checks behind the source filter.
+    evil_addr = ("127.0.0.7", c.KVP_UDP_PORT)
     with (
         PoolServer(backend, "127.0.0.1", 0) as server,
-        FetchClient(server.address, timeout_s=0.01, max_timeout_s=0.05, deadline_s=5.0) as client,
+        FetchClient(
+            server.address,
+            timeout_s=0.01,
+            max_timeout_s=0.05,
+            deadline_s=5.0,
+            pool_addrs=[evil_addr],
+        ) as client,
     ):
-        # The hostile source sends from the KVP port, as a pool node or the switch would.
         evil = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        evil.bind(("127.0.0.7", c.KVP_UDP_PORT))
+        evil.bind(evil_addr)
         to = ("127.0.0.1", client.address[1])
 
         def inject() -> None:

@@ -140,6 +140,15 @@ def _add_fetch_arguments(f: argparse.ArgumentParser) -> None:
     f.add_argument("--service-port", type=int, default=c.KVP_UDP_PORT)
     f.add_argument("--pool", help="pool node address for the direct fallback; KVP_UDP_PORT")
     f.add_argument("--pool-port", type=int, default=c.KVP_UDP_PORT)
+    f.add_argument(
+        "--trust-pool",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="another pool node the switch may forward misses to (its answers come from "
+        "ADDR:KVP_UDP_PORT); repeat for each. The agent takes datagrams only from --service, "
+        "--pool and these",
+    )
     f.add_argument("--mode", choices=MODES, default="unicast-pool")
     f.add_argument(
         "--via",
@@ -230,6 +239,7 @@ def _client(args: argparse.Namespace, reporter: ReportSink | None = None) -> Fet
         reporter=reporter,
         report_host=args.report_host or args.name,
         mac_keys=load_tenant_keys(args.tenant_keys) if args.tenant_keys else None,
+        pool_addrs=[(addr, c.KVP_UDP_PORT) for addr in args.trust_pool],
     )
 
 

@@ -311,6 +311,7 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
         timeout_s=args.get_timeout,
         max_timeout_s=max(0.25, args.get_timeout),
         deadline_s=30.0,
+        pool_addrs=[(a, c.KVP_UDP_PORT) for a in args.trust_pool],
     )
     try:
         with client:
@@ -486,6 +487,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("probe", help="interleaved fetch / plain-UDP run inside a host namespace")
     p.add_argument("--service", required=True, help="switch VIP the GETs go to")
+    p.add_argument(
+        "--trust-pool",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="a pool node the switch forwards misses to (the client takes its answers)",
+    )
     p.add_argument("--tenant", type=int, required=True)
     p.add_argument("--key", type=parse_key, required=True)
     p.add_argument("--nbytes", type=int, required=True)

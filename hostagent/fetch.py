@@ -23,6 +23,13 @@ run ``follow``: they send nothing at first and take the replicas of G for the ch
 follower repairs what it still misses with its own unicast GETs, switch first and the pool
 directly after, so it too ends complete or with a clear ``RECOMPUTE``.
 
+Trust: datagrams are taken only from the service address and the pool addresses the client was
+given (``pool_addr``, ``pool_addrs``), never from "any sender whose UDP source port is the KVP
+port"; a DATA or NACK counts only for one of this fetch's own GETs, or, as a replica, for this
+client's group. With a tenant key (``mac_keys``), a chunk whose MAC does not match is counted as
+an attack (``mac_failures``), its bytes are dropped, and chunk and MAC are fetched again from the
+pool directly (the pool's own client, else KVP to ``pool_addr``); only a match then completes it.
+
 Reports: a client given a ``reporter`` (``hostagent.reports.ReportSink``) hands it one access
 record per fetch or follow (``entry_from_fetch``: the chunk, this host, the wall-clock time,
 ``hit`` when most fragments came from switch SRAM) after the fetch has ended; the sink only
@@ -77,7 +84,9 @@ _GET_BATCH = 64  # the most GETs packed and sent together (kvcast._native.send_g
 _GET_VO = (c.KVP_VERSION << 4) | c.KVP_OP_GET
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NACK_VO = (c.KVP_VERSION << 4) | c.KVP_OP_NACK
-_KVP_PORT = c.KVP_UDP_PORT
+# The native receive path also accepts any sender whose source port equals this argument: no
+# UDP port is -1, so only the trusted addresses are accepted.
+_NO_PORT = -1
 # The native path's receive slots (one datagram each, any UDP size) and event record width.
 _SLOT = 65536
 # The tenant and key of a KVP header (kvp_t), to find the fetch a datagram is for.
@@ -216,8 +225,8 @@ class FetchReport:
         invalid: DATA for this chunk with an impossible range, length or fragment count, or
             answering one of this fetch's GETs with another group or fragments it did not ask
             for.
-        foreign: datagrams from a sender that is neither a KVP service (UDP port
-            ``KVP_UDP_PORT``) nor one of the client's paths (dropped unread).
+        foreign: datagrams from a sender that is neither the service address nor a pool address
+            the client was given (dropped unread).
         nacks: NACKs received for this fetch.
         fell_back: whether the client switched to asking the DRAM pool directly.
         duration_s: wall time of the fetch.
@@ -229,6 +238,11 @@ class FetchReport:
             without an answer; each also counts in ``retries``.
         mac_verified: whether the chunk's keyed MAC was fetched and matched (False when the
             tenant has no key).
+        mac_failures: times the chunk's bytes did not match its MAC: forged or rewritten bytes
+            with valid CRCs (an attack, or a bad path); each drops the bytes and fetches the
+            chunk and its MAC again from the pool directly.
+        forged_fragments: fragments whose bytes the repair after a MAC failure found changed.
+        mac_repaired: whether the chunk completed only after such a repair.
         path: where the bytes came from: ``switch`` (most fragments from switch SRAM),
             ``pool`` (KVP from a pool node), ``direct`` (the pool's own transfer engine, for a
             lone miss), or ``none``.
@@ -264,6 +278,9 @@ class FetchReport:
     fast_retransmits: int = 0
     tail_probes: int = 0
     mac_verified: bool = False
+    mac_failures: int = 0
+    forged_fragments: int = 0
+    mac_repaired: bool = False
     path: str = "none"
     direct_bytes: int = 0
 
@@ -414,7 +431,8 @@ class FetchClient:
         service_addr: where GETs go first: the switch VIP and ``KVP_UDP_PORT`` (in tests, a
             pool server). ``None`` asks the pool directly from the start.
         pool_addr: the DRAM pool node asked directly (GETs with ``NOCACHE``) when the service
-            path fails; ``None`` for no fallback.
+            path fails, and the source of a repair after a MAC failure; ``None`` for no
+            fallback.
         window: GETs outstanding at once (over every chunk in flight, for ``fetch_many``).
         max_chunks_in_flight: chunks ``fetch_many`` fetches at once by default (at most
             ``kvcast._native.MAX_FETCHES``, 64): the GETs of the next chunks use what of the
@@ -450,6 +468,9 @@ class FetchClient:
             fails the KVP fetch goes on. None: KVP only.
         tail_probe_min_s: the shortest wait before a GET at the fetch's tail is sent again
             (TAIL_PROBE_SRTTS); at least ``timeout_s`` turns tail probes off.
+        pool_addrs: the other pool nodes the switch may forward this client's misses to: their
+            answers come from their own addresses. Datagrams from anyone but the service
+            address, ``pool_addr`` and these are dropped (``foreign``).
 
     Raises:
         ValueError: neither address given, or a parameter out of range.
@@ -478,6 +499,7 @@ class FetchClient:
         mac_keys: Mapping[int, bytes] | None = None,
         direct: PoolBackend | None = None,
         tail_probe_min_s: float = TAIL_PROBE_MIN_S,
+        pool_addrs: Sequence[Address] = (),
     ) -> None:
         if service_addr is None and pool_addr is None:
             raise ValueError("FetchClient needs a service address, a pool address or both")
@@ -521,9 +543,10 @@ class FetchClient:
         self.direct = direct
         self._mac_buf = torch.zeros(MAC_BYTES, dtype=torch.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
-        # Senders the unconnected socket takes datagrams from besides any KVP service port: the
-        # paths themselves (in tests, servers on ephemeral ports).
-        self._trusted = {_resolved(a) for a in (p.addr for p in self.paths)}
+        # The only senders the unconnected socket takes datagrams from: the paths (the switch's
+        # service address, the pool) and the pool nodes the switch may forward misses to. Not
+        # "any KVP source port": a host that gets a datagram past the switch could set it.
+        self._trusted = {_resolved(a) for a in (*(p.addr for p in self.paths), *pool_addrs)}
         # The native receive path (kvcast._native.recv_fetch), where it is built: a batch of
         # datagrams per system call, checked, CRC'd and copied into the tensor in C.
         nat = native_enabled()
@@ -953,20 +976,109 @@ class FetchClient:
     def _verify_mac(self, st: _State, secret: bytes, deadline: float) -> None:
         """Fetches the chunk's MAC object (unicast, switch then pool) and compares.
 
+        On a mismatch the bytes are forged or rewritten (their CRCs matched): the failure is
+        counted as an attack, and :meth:`_repair_from_pool` fetches chunk and MAC again from
+        the pool directly; the chunk completes only if they then match.
+
         Raises:
-            _GiveUp: MAC_MISSING when it cannot be fetched, MAC_MISMATCH when it differs.
+            _GiveUp: MAC_MISSING when it cannot be fetched, MAC_MISMATCH when it differs and
+                the repair cannot be made or does not match either.
         """
-        mac = self._start(st.tenant, mac_key_of(st.key), self._mac_buf, MAC_BYTES)
-        try:
-            self._run(mac, deadline)
-        except _GiveUp:
-            raise _GiveUp(RecomputeReason.MAC_MISSING) from None
-        finally:
-            st.report.gets_sent += mac.report.gets_sent
-        expected = chunk_mac(secret, st.tenant, st.key, st.out[: st.nbytes])
-        if not hmac.compare_digest(expected, self._mac_buf.numpy().tobytes()):
+        if self._mac_matches(st, secret, deadline, None):
+            st.report.mac_verified = True
+            return
+        st.report.mac_failures += 1
+        _LOG.warning(
+            "chunk %#x of tenant %d does not match its MAC (forged or rewritten bytes with valid "
+            "CRCs): dropping them and fetching again from the pool directly",
+            st.key,
+            st.tenant,
+            extra={"event": "mac_failure", "tenant": st.tenant, "key": st.key},
+        )
+        pool = self._repair_from_pool(st, deadline)
+        if pool is None or not self._mac_matches(st, secret, deadline, pool):
             raise _GiveUp(RecomputeReason.MAC_MISMATCH)
-        st.report.mac_verified = True
+        st.report.mac_verified = st.report.mac_repaired = True
+
+    def _mac_matches(self, st: _State, secret: bytes, deadline: float, pool: int | None) -> bool:
+        """Fetches the MAC object (all paths, or only pool path ``pool``) and compares.
+
+        Raises:
+            _GiveUp: MAC_MISSING when the MAC object cannot be fetched.
+        """
+        mac_key = mac_key_of(st.key)
+        if pool is not None and pool < 0:  # the pool's own client
+            assert self.direct is not None
+            try:
+                got = self.direct.get_into(st.tenant, mac_key, self._mac_buf.numpy().data)
+            except Exception as exc:  # a failed read is a missing MAC, as on KVP
+                _LOG.info("direct read of the MAC of chunk %#x failed: %s", st.key, exc)
+                got = None
+            if got != MAC_BYTES:
+                raise _GiveUp(RecomputeReason.MAC_MISSING)
+        else:
+            mac = self._start(st.tenant, mac_key, self._mac_buf, MAC_BYTES)
+            if pool is not None:
+                self._on_path(mac, pool)
+            try:
+                self._run(mac, deadline)
+            except _GiveUp:
+                raise _GiveUp(RecomputeReason.MAC_MISSING) from None
+            finally:
+                st.report.gets_sent += mac.report.gets_sent
+        expected = chunk_mac(secret, st.tenant, st.key, st.out[: st.nbytes])
+        return hmac.compare_digest(expected, self._mac_buf.numpy().tobytes())
+
+    def _repair_from_pool(self, st: _State, deadline: float) -> int | None:
+        """Drops a chunk's bytes and fetches them again from the pool directly.
+
+        The pool's own client (``direct``) first, else KVP GETs to ``pool_addr`` only (NOCACHE:
+        neither switch SRAM nor the service path). Counts the fragments that changed.
+
+        Returns:
+            Where the MAC must come from too: -1 for the pool's own client, else the pool
+            path's index; None when there is no such source or it failed.
+        """
+        before = bytes(st.out[: st.nbytes])
+        st.out[: st.nbytes] = bytes(st.nbytes)  # the forged bytes are dropped whatever happens
+        source: int | None = None
+        if self.direct is not None:
+            try:
+                got = self.direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
+            except Exception as exc:  # the KVP pool path may still repair
+                _LOG.info("direct repair read of chunk %#x failed: %s", st.key, exc)
+                got = None
+            if got == st.nbytes:
+                source = -1
+                st.report.path = "direct"
+                st.report.direct_bytes += got
+        pool = next((i for i, p in enumerate(self.paths) if p.name == "pool"), None)
+        if source is None and pool is not None:
+            again = self._start(st.tenant, st.key, torch.from_numpy(st.dst), st.nbytes)
+            self._on_path(again, pool)
+            try:
+                self._run(again, deadline)
+                source = pool
+                st.report.path = "pool"
+            except _GiveUp:
+                pass
+            finally:
+                st.report.gets_sent += again.report.gets_sent
+                st.report.retries += again.report.retries
+                st.report.fell_back = True
+        if source is None:
+            return None
+        after = st.out[: st.nbytes]
+        st.report.forged_fragments += sum(
+            before[i : i + _FB] != after[i : i + _FB] for i in range(0, st.nbytes, _FB)
+        )
+        return source
+
+    @staticmethod
+    def _on_path(st: _State, path: int) -> None:
+        """Makes a fresh fetch start (and stay) on path ``path``."""
+        st.path = path
+        st.path_starts = [0] * (path + 1)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -1051,9 +1163,8 @@ class FetchClient:
                         break
                     except ConnectionRefusedError:  # an ICMP error for an earlier GET: a timeout
                         continue
-                    # Only a KVP service (the switch, a pool node behind it) or a path speaks
-                    # to the agent; the switch lets no host send from the KVP port.
-                    if src[1] != _KVP_PORT and src not in trusted:
+                    # Only the switch's service address and the pool nodes speak to the agent.
+                    if src not in trusted:
                         st.report.foreign += 1
                         continue
                     receive(st, nrecv)
@@ -1112,7 +1223,7 @@ class FetchClient:
                             nrecv = sock.recv_into(rbuf)
                         else:
                             nrecv, src = sock.recvfrom_into(rbuf)
-                            if src[1] != _KVP_PORT and src not in trusted:
+                            if src not in trusted:
                                 active[0].report.foreign += 1
                                 continue
                     except (BlockingIOError, InterruptedError):
@@ -1453,7 +1564,7 @@ class FetchClient:
         while st.missing:
             stream[0] = stream[1] = stream[2] = stream[3] = stream[4] = 0
             nev, slow, foreign, drained = recv_fetch(
-                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _NO_PORT, _DATA_VO,
                 st.tenant, st.key, st.get_group, self.group, st.crc_seed, st.nbytes, _FB,
                 st.rid_base, st.rids_used, st.out, st.frag, st.owner, self._events, stream,
             )  # fmt: skip
@@ -1508,7 +1619,7 @@ class FetchClient:
                      st.rids_used, st.out, st.frag, st.owner, stream)
                 )  # fmt: skip
             nev, slow, foreign, drained = recv_fetches(
-                fd, self._rx, _SLOT, check_src, self._trusted_ints, _KVP_PORT, _DATA_VO,
+                fd, self._rx, _SLOT, check_src, self._trusted_ints, _NO_PORT, _DATA_VO,
                 self.group, _FB, tuple(fetches), events,
             )  # fmt: skip
             active[0].report.foreign += foreign

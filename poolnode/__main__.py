@@ -18,6 +18,12 @@ reput_s=T`` (seconds from noticing the death). ``poolnode master pid=P`` follows
 ``listening`` line.
 Chunks put into the store by others are not put back: only their owners have the bytes.
 
+Groups and tenants (docs/security.md): a GET naming a multicast group is refused unless the node
+was told the group exists: ``--groups-url`` (the controller's list), ``--group G`` (repeatable, a
+fixed list), or ``--any-group`` (every group: the switch's membership check alone; logged as a
+warning). ``--source-tenants ADDR=T[,T...]`` or ``ADDR=any`` (repeatable) makes the node refuse a
+GET that names a tenant its source address is not bound to, or that comes from an unlisted address.
+
 ``--stats-file PATH`` also writes the counters as JSON to PATH every ``--stats-interval``
 seconds and at exit (atomically: a reader never sees half a file).
 
@@ -47,9 +53,10 @@ from typing import Any
 from hostagent.synthetic import ChunkSpec
 from kvcast import p4constants as c
 from poolnode.backend import InMemoryBackend, PoolBackend, PoolBackendError
-from poolnode.groups import GroupRegistry
+from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster
 from poolnode.server import DEFAULT_MTU, PoolServer, ServerStats
+from poolnode.tenants import SourceTenants
 
 
 class StatsWriter:
@@ -162,9 +169,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TENANT:KEY:NBYTES[:SEED]",
         help="store this synthetic chunk before serving (repeatable)",
     )
-    p.add_argument(
+    groups = p.add_mutually_exclusive_group()
+    groups.add_argument(
         "--groups-url",
         help="the controller's http://HOST:PORT/v1/groups/SWITCH: refuse GETs naming other groups",
+    )
+    groups.add_argument(
+        "--group",
+        type=int,
+        action="append",
+        metavar="G",
+        help="a group GETs may name (repeatable; a switch programmed without the controller)",
+    )
+    groups.add_argument(
+        "--any-group",
+        action="store_true",
+        help="serve GETs naming any group (default: none unless --groups-url or --group)",
+    )
+    p.add_argument(
+        "--source-tenants",
+        action="append",
+        default=[],
+        metavar="ADDR=T[,T...]|ADDR=any",
+        help="tenants a GET from ADDR may name (repeatable); with any, unlisted senders are "
+        "refused. Default: no tenant check here (the switch's tenant binding)",
     )
     p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
@@ -253,13 +281,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stack.callback(backend.close)
             if args.preload:
                 backend.put_many((p.tenant, p.key, p.data()) for p in args.preload)
-            groups = None
+            groups: GroupSource | None = None
             if args.groups_url:
-                groups = GroupRegistry(args.groups_url).start()
-                stack.callback(groups.stop)
+                registry = GroupRegistry(args.groups_url).start()
+                stack.callback(registry.stop)
+                groups = registry
+            elif args.group:
+                groups = StaticGroups(args.group)
+            elif args.any_group:
+                logging.getLogger("poolnode").warning(
+                    "--any-group: GETs naming any multicast group are served; only the "
+                    "switch's membership check keeps a host from feeding a group it is not in"
+                )
+                groups = ANY_GROUP
+            tenants = SourceTenants.parse(args.source_tenants) if args.source_tenants else None
             server = PoolServer(
                 backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,
-                gso=args.gso,
+                gso=args.gso, tenants=tenants,
             )  # fmt: skip
             server.bind()
             writer = None

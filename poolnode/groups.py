@@ -1,15 +1,21 @@
 """The multicast groups a pool node will echo in a DATA: what the controller says exist.
 
 A GET naming group G makes a pool node's DATA go to every member of G. The switch already takes
-such a GET only from a member's port (docs/security.md); a pool node given ``--groups-url`` also
-refuses a group the controller has not told it about, so a GET that reached it some other way
-(another fabric, a switch without the check) cannot make it feed a group. The controller serves
-its groups per switch at ``GET /v1/groups/<switch>`` on its report API; the registry polls that
-and, when a GET names a group it does not know, asks once more right away (at most every
-``min_refresh_s``) before refusing, so a group created a moment ago is not refused.
+such a GET only from a member's port (docs/security.md); a pool node also refuses, by default,
+every group it has not been told about, so a GET that reached it some other way (another fabric,
+a switch without the check) cannot make it feed a group. It is told by the controller
+(``--groups-url``), by a fixed list (``--group``, for a switch programmed without the
+controller), or, explicitly and logged, allowed any group (``--any-group``); told nothing, it
+refuses them all. The controller serves its groups per switch at ``GET /v1/groups/<switch>`` on
+its report API; the registry polls that and, when a GET names a group it does not know, asks
+once more right away (at most every ``min_refresh_s``) before refusing, so a group created a
+moment ago is not refused.
 
 Classes:
+    GroupSource: what the server asks (``allows(group)``).
     GroupRegistry: the known groups, refreshed from the controller.
+    StaticGroups: a fixed set of groups.
+    AnyGroup: every group (the explicit opt-out; ``ANY_GROUP``).
 """
 
 from __future__ import annotations
@@ -19,11 +25,46 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 _LOG = logging.getLogger(__name__)
 
-__all__ = ["GroupRegistry"]
+__all__ = ["ANY_GROUP", "AnyGroup", "GroupRegistry", "GroupSource", "StaticGroups"]
+
+
+class GroupSource(Protocol):
+    """The groups a pool node may echo in its DATA."""
+
+    def allows(self, group: int) -> bool:
+        """Whether a GET naming ``group`` may be served."""
+        ...
+
+
+class StaticGroups:
+    """A fixed set of group ids (a switch whose groups are programmed without the controller).
+
+    Args:
+        groups: the group ids.
+    """
+
+    def __init__(self, groups: Iterable[int]) -> None:
+        self.groups = frozenset(groups)
+
+    def allows(self, group: int) -> bool:
+        """Whether ``group`` is one of the set."""
+        return group in self.groups
+
+
+class AnyGroup:
+    """Every group: the node trusts the switch's membership check alone (explicit opt-out)."""
+
+    def allows(self, group: int) -> bool:
+        """Always True."""
+        return True
+
+
+ANY_GROUP = AnyGroup()
 
 
 class GroupRegistry:

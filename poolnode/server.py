@@ -40,7 +40,8 @@ from kvcast import p4constants as c
 from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
 from poolnode.backend import PoolBackend
-from poolnode.groups import GroupRegistry
+from poolnode.groups import GroupSource
+from poolnode.tenants import SourceTenants
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,10 @@ class ServerStats:
     handler produced); ``bytes_sent`` counts the UDP payload bytes the socket accepted (DATA and
     NACK, headers included); ``duplicate_gets`` the copies of a recent GET left unanswered;
     ``oversized_gets`` the GETs refused for asking more than ``max_get_fragments``;
-    ``unknown_groups`` those refused for naming a group the node was not told about.
+    ``unknown_groups`` those refused for naming a group the node was not told about (every
+    group, by default); ``bad_tenants`` those refused for naming a tenant their source address
+    is not bound to, and ``unknown_sources`` those from an address the node's tenant list does
+    not name (both only with a list, ``SourceTenants``).
     """
 
     datagrams: int = 0
@@ -130,6 +134,8 @@ class ServerStats:
     duplicate_gets: int = 0
     oversized_gets: int = 0
     unknown_groups: int = 0
+    bad_tenants: int = 0
+    unknown_sources: int = 0
     cache_hits: int = 0
     backend_reads: int = 0
     send_errors: int = 0
@@ -221,8 +227,13 @@ class KvpGetHandler:
             refused (NACK BAD_REQUEST, counted in ``oversized_gets``), so no 338-byte request
             makes the node send more than this many fragments (docs/security.md).
         groups: the groups the node may echo (poolnode.groups); a GET naming another is
-            refused (NACK BAD_REQUEST, counted in ``unknown_groups``). None: any group (the
-            switch checks membership before a GET reaches the node).
+            refused (NACK BAD_REQUEST, counted in ``unknown_groups``). None (the default): no
+            group at all; ``poolnode.groups.ANY_GROUP`` explicitly allows every group (the
+            switch's membership check alone).
+        tenants: the tenants each source address may name (poolnode.tenants); a GET naming
+            another is refused (NACK BAD_REQUEST, ``bad_tenants``), as is one from an unlisted
+            address (``unknown_sources``). None (the default): no tenant check here (the
+            switch's ``tenant_binding`` alone).
 
     Raises:
         ValueError: the MTU cannot carry one fragment.
@@ -236,9 +247,11 @@ class KvpGetHandler:
         stats: ServerStats | None = None,
         dedup_window: int = 8192,
         max_get_fragments: int = MAX_GET_FRAGMENTS,
-        groups: GroupRegistry | None = None,
+        groups: GroupSource | None = None,
+        tenants: SourceTenants | None = None,
     ) -> None:
         self.backend = backend
+        self.tenants = tenants
         self.max_get_fragments = max_get_fragments
         self.groups = groups
         self.dedup_window = dedup_window
@@ -272,21 +285,26 @@ class KvpGetHandler:
         item = self.cache.entry(tenant, key)
         return item if item is not None and item[0] is chunk else (chunk, None)
 
-    def handle(self, datagram: bytes | bytearray | memoryview) -> list[Reply]:
+    def handle(
+        self, datagram: bytes | bytearray | memoryview, source: int | None = None
+    ) -> list[Reply]:
         """Answers one datagram.
 
         Args:
             datagram: the UDP payload received.
+            source: the sender's IPv4 address as an int (for the tenant check; None: unknown).
 
         Returns:
             The datagrams to send back to the sender, in order (none for a dropped datagram).
         """
-        answer = self.answer(datagram)
+        answer = self.answer(datagram, source)
         if type(answer) is DataAnswer:
             return self.data_replies(answer)
         return cast(list[Reply], answer)
 
-    def answer(self, datagram: bytes | bytearray | memoryview) -> list[Reply] | DataAnswer:
+    def answer(
+        self, datagram: bytes | bytearray | memoryview, source: int | None = None
+    ) -> list[Reply] | DataAnswer:
         """Decides the answer to one datagram without building its DATAs.
 
         Every check and counter of ``handle`` happens here; a GET that is served comes back as
@@ -295,6 +313,8 @@ class KvpGetHandler:
 
         Args:
             datagram: the UDP payload received.
+            source: the sender's IPv4 address as an int (for the tenant check; None: unknown,
+                refused when the node checks tenants).
 
         Returns:
             The datagrams to send (a NACK, or none for a dropped datagram), or the range to
@@ -322,9 +342,17 @@ class KvpGetHandler:
         if count > self.max_get_fragments:
             stats.oversized_gets += 1
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
-        if group and self.groups is not None and not self.groups.allows(group):
+        if group and (self.groups is None or not self.groups.allows(group)):
             stats.unknown_groups += 1
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+        tenants = self.tenants
+        if tenants is not None:
+            if source is None or not tenants.known(source):
+                stats.unknown_sources += 1
+                return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
+            if not tenants.allows(source, tenant):
+                stats.bad_tenants += 1
+                return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         if self.dedup_window:
             ident = (tenant, key, group, req_id, frag_idx, count)
             recent = self._recent
@@ -432,7 +460,9 @@ class PoolServer:
         mtu: IP MTU the DATA messages must fit in.
         cache_bytes: size of the recently-served chunk cache.
         socket_buffer_bytes: SO_RCVBUF/SO_SNDBUF to ask for.
-        groups: the groups the node may echo (None: any), see ``KvpGetHandler``.
+        groups: the groups the node may echo (None: none), see ``KvpGetHandler``.
+        tenants: the tenants each source address may name (None: no check here), see
+            ``KvpGetHandler``.
         gso: send a served GET's DATAs as UDP GSO messages (up to ``GSO_DATAS`` DATAs each, cut
             into the same datagrams by the kernel or the NIC; native data path only): for a node
             whose DATAs leave through a NIC or loopback. Not behind a software switch that
@@ -448,10 +478,11 @@ class PoolServer:
         mtu: int = DEFAULT_MTU,
         cache_bytes: int = 64 << 20,
         socket_buffer_bytes: int = 4 << 20,
-        groups: GroupRegistry | None = None,
+        groups: GroupSource | None = None,
         gso: bool = False,
+        tenants: SourceTenants | None = None,
     ) -> None:
-        self.handler = KvpGetHandler(backend, mtu, cache_bytes, groups=groups)
+        self.handler = KvpGetHandler(backend, mtu, cache_bytes, groups=groups, tenants=tenants)
         self.gso = GSO_DATAS if gso else 0
         self.stats = self.handler.stats
         self._bind = (host, port)
@@ -523,7 +554,7 @@ class PoolServer:
                 log.warning("recvfrom failed: %s", exc)
                 continue
             try:
-                reply = answer(view[:n])
+                reply = answer(view[:n], _ip_int(addr[0]))
                 if type(reply) is DataAnswer:
                     replies = data_replies(reply)
                 else:
@@ -573,7 +604,7 @@ class PoolServer:
                 at = 0
                 for n, ip, port in got:
                     try:
-                        reply = answer(view[at : at + n])
+                        reply = answer(view[at : at + n], ip)
                         if type(reply) is DataAnswer:
                             header, chunk, first, end, wire_bytes, crcs = reply
                             args = (fd, (ip, port), header, chunk, first, end, step, c.FRAG_BYTES)
@@ -663,7 +694,7 @@ class AsyncPoolServerProtocol(asyncio.DatagramProtocol):
         if transport is None:
             return
         try:
-            replies = self.handler.handle(data)
+            replies = self.handler.handle(data, _ip_int(addr[0]))
         except Exception:
             self.handler.stats.internal_errors += 1
             log.exception("handler failed on a %d-byte datagram from %s", len(data), addr)
@@ -702,3 +733,11 @@ async def serve_asyncio(
         lambda: AsyncPoolServerProtocol(handler), local_addr=(host, port)
     )
     return transport, protocol
+
+
+def _ip_int(host: object) -> int | None:
+    """A sender's IPv4 address as an int (None for anything else)."""
+    try:
+        return int.from_bytes(socket.inet_aton(str(host)), "big")
+    except OSError:
+        return None

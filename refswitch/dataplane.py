@@ -14,6 +14,7 @@ import os
 import queue
 import select
 import socket
+import struct
 import threading
 from collections.abc import Iterable, Mapping
 
@@ -25,6 +26,37 @@ log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4  # sll_pkttype of frames this host sent itself
 _MAX_FRAME = 65535
+# The kernel takes an 802.1Q/802.1ad tag off a received frame before a packet socket sees it and
+# reports it in PACKET_AUXDATA; the switch must see the frame as it was on the wire (a tagged
+# frame is dropped at the edge), so the tag is put back, as libpcap does.
+SOL_PACKET = 263
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 0x10
+TP_STATUS_VLAN_TPID_VALID = 0x40
+_AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
+_CMSG_SPACE = socket.CMSG_SPACE(_AUXDATA.size)
+
+
+def restore_vlan_tag(frame: bytes, ancdata: list[tuple[int, int, bytes]]) -> bytes:
+    """The frame with the VLAN tag the kernel reported in PACKET_AUXDATA put back, if any.
+
+    Args:
+        frame: the bytes a packet socket received.
+        ancdata: the ancillary data of that ``recvmsg``.
+
+    Returns:
+        ``frame``, or ``frame`` with a 4-byte tag inserted after the MAC addresses.
+    """
+    for level, kind, data in ancdata:
+        if level != SOL_PACKET or kind != PACKET_AUXDATA or len(data) < _AUXDATA.size:
+            continue
+        status, _len, _snap, _mac, _net, tci, tpid = _AUXDATA.unpack_from(data)
+        if not status & TP_STATUS_VLAN_VALID or len(frame) < 12:
+            continue
+        if not status & TP_STATUS_VLAN_TPID_VALID or tpid == 0:
+            tpid = 0x8100
+        return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
+    return frame
 
 
 class DataplaneError(RuntimeError):
@@ -106,6 +138,7 @@ class Dataplane:
             try:
                 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
                 sock.bind((ifname, 0))
+                sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
                 sock.setblocking(False)
@@ -202,13 +235,14 @@ class Dataplane:
         sock = self._socks[port]
         for _ in range(256):
             try:
-                frame, addr = sock.recvfrom(_MAX_FRAME)
+                frame, ancdata, _flags, addr = sock.recvmsg(_MAX_FRAME, _CMSG_SPACE)
             except BlockingIOError:
                 return
             except OSError:
                 return
             if addr[2] == PACKET_OUTGOING:
                 continue
+            frame = restore_vlan_tag(frame, ancdata)
             self.rx_packets += 1
             if not self.pipeline.state.ready:
                 continue  # no program yet: dropped, as BMv2 does before its pipeline is set

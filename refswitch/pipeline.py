@@ -8,7 +8,8 @@ control flow block by block so that a reader can hold the two side by side. Conf
 
 Classes:
     Registers: the program's register arrays (fragment store and sketch rows).
-    Pipeline: parser, ingress, multicast replication, egress and deparser for one packet.
+    Pipeline: edge guard, parser, ingress, multicast replication, egress and deparser for one
+        packet.
     Output: one packet the pipeline sends, with its egress port.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT
+from refswitch.edge import EdgeCounters, edge_verdict
 from refswitch.runtime import ActionCall, SwitchState
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ _UDP = struct.Struct("!HHHH")
 _SKETCH_TK = struct.Struct("!HQ")
 _SKETCH_KTK = struct.Struct("!IHI")
 _MAX16 = 0xFFFF
+_REPORT_VALID = 1 << 32  # set in every report-row mark, so an all-zero cell is never a mark
 
 ETH_LEN = 14
 IPV4_LEN = c.IPV4_HDR_BYTES
@@ -84,13 +87,18 @@ HOT_DIGEST = c.DIGEST_HOT_MISS_DIGEST_T
 
 
 def initial_defaults() -> dict[str, ActionCall]:
-    """The default actions the P4 program gives its tables (P4Info does not carry them).
+    """The default actions the program gives its tables (P4Info does not carry them).
+
+    All as declared in p4src/v1model but one: a port without a ``port_role`` entry is a DENY
+    port here, so that a port nobody configured is denied by the data plane itself, not only by
+    the controller's ``deny_unknown_ports`` (issue 27). The committed P4 programs still default
+    to an unbound HOST port (docs/security.md, "What the P4 programs still need").
 
     Returns:
-        Table name to default action, as declared in p4src/v1model.
+        Table name to default action.
     """
     return {
-        T_PORT_ROLE: ActionCall(A_SET_PORT_ROLE, {"role": c.PORT_ROLE_HOST}),
+        T_PORT_ROLE: ActionCall(A_SET_PORT_ROLE, {"role": c.PORT_ROLE_DENY}),
         T_TENANT_BINDING: ActionCall(c.ACTION_INGRESS_PORT_ROLE_TENANT_DENIED, {}),
         T_GROUP_MEMBER: ActionCall(c.ACTION_INGRESS_PORT_ROLE_NOT_MEMBER, {}),
         T_CACHE: ActionCall(c.ACTION_INGRESS_CACHE_CACHE_MISS, {}),
@@ -116,7 +124,11 @@ class Registers:
         frag_crc: CRC stored with each slot (FragmentStore.frag_crc).
         frag_len: valid bytes of each slot (FragmentStore.frag_len).
         cms_rows: CMS_ROWS sketch rows of CMS_WIDTH cells (HotMissSketch.rowN.cms_row).
-        reported: the sketch's report row (HotMissSketch.reported).
+        reported: the sketch's report row (HotMissSketch.reported), one 64-bit cell each:
+            a valid bit (bit 32), the tenant that was last reported there (bits 31-16) and the
+            window it was reported in (bits 15-0). Per-tenant marks (issue 27): another
+            tenant's key that hashes to a victim's cell cannot mark it reported for the victim.
+            The committed P4 programs still keep ``1 ++ window`` in 32 bits (docs/security.md).
     """
 
     def __init__(self) -> None:
@@ -125,7 +137,7 @@ class Registers:
         self.frag_crc = array.array("I", bytes(4 * c.NUM_FRAG_SLOTS))
         self.frag_len = array.array("H", bytes(2 * c.NUM_FRAG_SLOTS))
         self.cms_rows = [array.array("I", bytes(4 * c.CMS_WIDTH)) for _ in range(c.CMS_ROWS)]
-        self.reported = array.array("I", bytes(4 * c.CMS_WIDTH))
+        self.reported = array.array("Q", bytes(8 * c.CMS_WIDTH))
 
     def snapshot(self) -> bytes:
         """All cache state (fragments and their metadata) as bytes, to compare before/after."""
@@ -192,11 +204,20 @@ class _Meta:
 class Pipeline:
     """The v1model program for one switch, one packet at a time.
 
+    Before the program's parser, every frame from a data port meets the reference target's
+    edge guard (:mod:`refswitch.edge`): a host port may send only ARP and unfragmented IPv4, a
+    DENY port nothing. Its drops are counted in :attr:`edge_drops`, not in the program's
+    counters.
+
     Not thread-safe: one dataplane thread calls :meth:`process`; P4Runtime writes go to the
     :class:`SwitchState`, which is.
 
     Args:
         state: table entries, counters, multicast groups, digests.
+        fast_path: serve the common cases in one pass (the results are the same).
+
+    Attributes:
+        edge_drops: the edge guard's drop counts per reason.
     """
 
     def __init__(self, state: SwitchState, fast_path: bool = True):
@@ -204,10 +225,12 @@ class Pipeline:
         self.regs = Registers()
         self.cpu_port = c.CPU_PORT_NUM
         self.fast_path = fast_path
+        self.edge_drops = EdgeCounters()
 
     def reset(self) -> None:
-        """Clears every register, as loading a new program does on BMv2."""
+        """Clears every register and the edge counters, as loading a new program does on BMv2."""
         self.regs = Registers()
+        self.edge_drops = EdgeCounters()
 
     # ------------------------------------------------------------------ parser
     def process(self, ingress_port: int, frame: bytes) -> list[Output]:
@@ -227,6 +250,8 @@ class Pipeline:
                 fast = self._routed_ipv4(ingress_port, frame)
             if fast is not None:
                 return fast
+        if ingress_port != self.cpu_port and not self._edge_guard(ingress_port, frame):
+            return []
         pkt = bytearray(frame)
         n = len(pkt)
         meta = _Meta()
@@ -286,6 +311,24 @@ class Pipeline:
             value,
         )
 
+    def _edge_guard(self, port: int, frame: bytes) -> bool:
+        """EdgeGuard (refswitch.edge): whether a data port's frame may enter the program.
+
+        Counts the drop under its reason when it may not.
+        """
+        call, _ = self.state.lookup(T_PORT_ROLE, (port,))
+        if call.action == A_BIND_HOST:
+            role, bound_addr = c.PORT_ROLE_HOST, call.params["addr"]
+        elif call.action == A_SET_PORT_ROLE:
+            role, bound_addr = call.params["role"], None
+        else:  # pragma: no cover - the table has no other action
+            role, bound_addr = c.PORT_ROLE_DENY, None
+        reason = edge_verdict(role, bound_addr, frame)
+        if reason is None:
+            return True
+        self.edge_drops.count(reason)
+        return False
+
     # ------------------------------------------------------------------ fast path
     def _unicast_get_hit(self, port: int, frame: bytes) -> list[Output] | None:
         """The common case in one pass: a well-formed unicast GET that hits, or None.
@@ -302,7 +345,7 @@ class Pipeline:
             return None
         if frame[12] != 0x08 or frame[13] != 0x00 or frame[_IP] != 0x45 or frame[_IP + 9] != 17:
             return None
-        if frame[_IP + 6] & 0x1F or frame[_IP + 7] or frame[_KVP] != _GET_VERSION_OP:
+        if frame[_IP + 6] & 0x3F or frame[_IP + 7] or frame[_KVP] != _GET_VERSION_OP:
             return None
         if _PORTS.unpack_from(frame, _UDP_AT)[1] != c.KVP_UDP_PORT or frame[_KVP + 1] & _NOCACHE:
             return None
@@ -378,14 +421,15 @@ class Pipeline:
 
         Like ``_unicast_get_hit``: the same bytes out as the general path (no counter counts a
         routed packet), and None before changing anything for every other packet (KVP, a
-        malformed or truncated header, options, TTL 1, no route, the CPU port, not IPv4).
+        malformed or truncated header, options, a fragment, TTL 1, no route, the CPU port, not
+        IPv4). Fragments go the general path, whose edge guard drops those from host ports.
         """
         n = len(frame)
         if n < _UDP_AT or port == self.cpu_port or frame[12] != 0x08 or frame[13] != 0x00:
             return None
-        if frame[_IP] != 0x45 or frame[_IP + 8] <= 1:
+        if frame[_IP] != 0x45 or frame[_IP + 8] <= 1 or frame[_IP + 6] & 0x3F or frame[_IP + 7]:
             return None
-        if frame[_IP + 9] == 17 and not (frame[_IP + 6] & 0x1F or frame[_IP + 7]):
+        if frame[_IP + 9] == 17:
             # An unfragmented UDP header the parser reads: not KVP, and complete.
             if n < _KVP:
                 return None
@@ -661,7 +705,11 @@ class Pipeline:
             _U16.pack_into(pkt, udp + 6, 0)
 
     def _hot_sketch(self, meta: _Meta, tenant: int, key: int) -> None:
-        """HotMissSketch: count the miss, report the key once per window from the threshold on."""
+        """HotMissSketch: count the miss, report the key once per window from the threshold on.
+
+        "Once" is per tenant and report cell: the cell remembers which tenant it reported for,
+        so a key of another tenant sharing the cell is still reported (and re-marks it).
+        """
         call, _ = self.state.lookup(T_SKETCH_CONFIG, ())
         threshold = call.params["threshold"]
         window = call.params["window"]
@@ -679,7 +727,7 @@ class Pipeline:
             row[index] = (window << 16) | count
             estimate = min(estimate, count)
         if estimate >= threshold:
-            mark = (1 << 16) | window
+            mark = _REPORT_VALID | (tenant << 16) | window
             if regs.reported[ir] != mark:
                 regs.reported[ir] = mark
                 self.state.emit_digest(HOT_DIGEST, (tenant, key, estimate))

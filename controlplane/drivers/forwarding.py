@@ -134,8 +134,9 @@ class ForwardingDriver:
     async def set_port_role(self, port: int, role: int) -> None:
         """Gives a port a role (``c.PORT_ROLE_POOL`` for ports facing pool nodes).
 
-        Setting ``c.PORT_ROLE_HOST`` removes the entry: an unbound host is the program's
-        default (``bind_host`` binds one).
+        Setting ``c.PORT_ROLE_HOST`` removes the entry: the port then takes the table's
+        default, a DENY port on the reference target and under ``deny_unknown_ports`` (an
+        unbound host on the committed P4 programs otherwise); ``bind_host`` makes a host port.
 
         Raises:
             SwitchError: the write failed.

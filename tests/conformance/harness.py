@@ -24,9 +24,9 @@ from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
 from refswitch.runtime import SwitchState
 
-from .vectors import CPU, DENY_PORT, HOSTS, POOL_PORT
+from .vectors import CPU, DENY_PORT, HOSTS, POOL_PORT, UNKNOWN_PORT
 
-PORTS = [*HOSTS, POOL_PORT, DENY_PORT]
+PORTS = [*HOSTS, POOL_PORT, DENY_PORT, UNKNOWN_PORT]
 
 
 class Target(Protocol):
@@ -88,6 +88,7 @@ class VethTarget:
     """A switch process on veth pairs."""
 
     def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.veths = VethPorts(PORTS, prefix="kc" + kind[0])
         self._logdir = Path(tempfile.mkdtemp(prefix=f"kvcast-{kind}-"))
         try:

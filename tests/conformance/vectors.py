@@ -6,8 +6,13 @@ Expected frames are built from the protocol specification with kvcast.wire, neve
 target. The same vectors run against the reference target and BMv2 (tests/conformance).
 
 The base program (:func:`program_switch`) is installed once per target: five ports (three hosts,
-a pool node and a port the controller denies), routes, multicast groups with their members, host
-2's source binding (its address and tenant), and one chunk loaded through WRITE PacketOuts.
+a pool node and a port the controller denies), routes, multicast groups with their members, the
+hosts' source bindings (host 2 also bound to its tenant, hosts 1 and 3 to any tenant), and one
+chunk loaded through WRITE PacketOuts.
+
+Vectors of behaviour the committed P4 programs do not have yet (the reference target's edge
+guard, refswitch/edge.py) name what they need in ``needs_p4``: they run against the reference
+target and are skipped on BMv2 until p4c rebuilds the program with that change.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
 from kvcast.wire import KvpHeader
+from refswitch.edge import EdgeReason as R
 
 CPU = c.CPU_PORT_NUM
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -33,9 +39,14 @@ GROUP_BROKEN = 8  # one replica id has no replica_dst entry; host 3 is not a mem
 TENANT = 1
 # Host 2's port is bound to its address and to TENANT only (PortRole.bind_host, tenant_binding).
 BOUND_HOST = 2
-# A port the controller denies (PORT_ROLE_DENY): no KVP from it, plain IP routed.
+# A port the controller denies (PORT_ROLE_DENY): nothing from it enters (edge guard).
 DENY_PORT = 5
 DENY_MAC, DENY_IP = "00:00:00:00:00:05", "10.0.0.5"
+# A port with no port_role entry and no default written by the controller: the data plane's own
+# default decides (DENY on the reference target; the committed P4 programs still say HOST).
+UNKNOWN_PORT = 6
+# What the edge-guard vectors need of the P4 programs (docs/security.md, open work).
+NEEDS_EDGE_GUARD = "default-deny edge guard (port_role default DENY, host ports take ARP and IPv4)"
 
 # The chunk loaded by program_switch: three fragments, the last one short.
 CHUNK_KEY = 0x1122334455667788
@@ -66,6 +77,8 @@ class Step:
         counters: (counter, index) -> expected change.
         digests: expected hot-miss digest rows (tenant, key, estimate).
         out_port: packet_out egress_port metadata for CPU steps.
+        edge: EdgeReason -> expected change of the reference target's edge counter (not in the
+            P4Info: checked where the target exposes it, the in-process reference target).
     """
 
     port: int
@@ -74,15 +87,25 @@ class Step:
     counters: dict[tuple[str, int], int] = field(default_factory=dict)
     digests: list[tuple[int, int, int]] = field(default_factory=list)
     out_port: int = 0
+    edge: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
 class Vector:
-    """A named sequence of steps."""
+    """A named sequence of steps.
+
+    Attributes:
+        name: the vector's name (the test id).
+        steps: the packets, in order.
+        setup: extra programming before the steps.
+        needs_p4: empty if the committed P4 programs do this; else the P4 change it needs (the
+            vector is then skipped on BMv2).
+    """
 
     name: str
     steps: list[Step]
     setup: Callable[[P4RuntimeClient], None] | None = None
+    needs_p4: str = ""
 
 
 def drop(reason: int) -> dict[tuple[str, int], int]:
@@ -238,12 +261,15 @@ def program_switch(client: P4RuntimeClient) -> None:
                 t.ACTION_INGRESS_PORT_ROLE_MEMBER,
                 {},
             )
-    client.insert(
-        t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-        {"port": BOUND_HOST},
-        t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-        {"addr": _ip(HOSTS[BOUND_HOST][1]), "check_tenant": 1},
-    )
+    # Every host port is bound to its address; host 2 also to TENANT, hosts 1 and 3 to any
+    # tenant (the config's explicit ``tenants: any``).
+    for i, (_, ip, _) in HOSTS.items():
+        client.insert(
+            t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": i},
+            t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+            {"addr": _ip(ip), "check_tenant": int(i == BOUND_HOST)},
+        )
     client.insert(
         t.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
         {"port": BOUND_HOST, "tenant": TENANT},
@@ -329,8 +355,8 @@ def build_vectors() -> list[Vector]:
 
     plain = host_frame(1, HOSTS[2][1], b"hello", dport=5000)
     v.append(Vector("non_kvp_udp_is_routed", [Step(1, plain, [routed(plain, 2, HOSTS[2][0])])]))
-    arp_like = wire.mac_bytes(HOSTS[3][0]) + wire.mac_bytes(HOSTS[1][0]) + b"\x08\x06" + bytes(46)
-    v.append(Vector("non_ip_frame_is_switched_by_mac", [Step(1, arp_like, [(3, arp_like)])]))
+    arp = arp_frame(1, HOSTS[3][0], HOSTS[1][1], HOSTS[3][1])
+    v.append(Vector("arp_from_a_host_is_switched_by_mac", [Step(1, arp, [(3, arp)])]))
     nowhere = host_frame(1, "10.9.9.9", b"x", dport=5000)
     v.append(Vector("ip_without_route_is_dropped", [Step(1, nowhere, [], drop(c.DROP_NO_ROUTE))]))
     ttl1 = host_frame(1, HOSTS[2][1], b"x", dport=5000, ttl=1)
@@ -563,6 +589,7 @@ def build_vectors() -> list[Vector]:
     )
     v.append(Vector("hot_uncached_key_is_reported_once", hot_steps))
     v.extend(_security_vectors())
+    v.extend(edge_vectors())
     v.append(_independent_rows_vector())
     return v
 
@@ -676,26 +703,6 @@ def _security_vectors() -> list[Vector]:
             ],
         )
     )
-    # A denied port sends no KVP at all; its plain IP is routed.
-    deny_get = wire.udp_frame(
-        DENY_MAC,
-        SWITCH_MAC,
-        DENY_IP,
-        VIP,
-        40005,
-        c.KVP_UDP_PORT,
-        wire.get_message(TENANT, CHUNK_KEY, 0, 38),
-    )
-    deny_plain = wire.udp_frame(DENY_MAC, SWITCH_MAC, DENY_IP, HOSTS[1][1], 40005, 5000, b"hi")
-    v.append(
-        Vector(
-            "denied_port_kvp_is_refused",
-            [
-                Step(DENY_PORT, deny_get, [], drop(c.DROP_UNAUTHORIZED)),
-                Step(DENY_PORT, deny_plain, [routed(deny_plain, 1, HOSTS[1][0])]),
-            ],
-        )
-    )
     assert all(len(step.frame) > k for vec in v for step in vec.steps)
     return v
 
@@ -726,6 +733,210 @@ def _independent_rows_vector() -> Vector:
         )
     )
     return Vector("sketch_rows_do_not_share_collisions", steps)
+
+
+def arp_frame(
+    i: int, dst_mac: str, sender_ip: str, target_ip: str, op: int = 2, ptype: int = 0x0800
+) -> bytes:
+    """An ARP frame from host i's MAC (padded to the Ethernet minimum).
+
+    Args:
+        i: the sending host.
+        dst_mac: the frame's (and the ARP target's) MAC.
+        sender_ip: the ARP sender protocol address.
+        target_ip: the ARP target protocol address.
+        op: 1 request, 2 reply.
+        ptype: the ARP protocol type (IPv4 unless testing a malformed one).
+    """
+    src_mac = wire.mac_bytes(HOSTS[i][0])
+    body = (
+        (1).to_bytes(2, "big")
+        + ptype.to_bytes(2, "big")
+        + bytes((6, 4))
+        + op.to_bytes(2, "big")
+        + src_mac
+        + wire.ip_bytes(sender_ip)
+        + wire.mac_bytes(dst_mac)
+        + wire.ip_bytes(target_ip)
+    )
+    return (wire.mac_bytes(dst_mac) + src_mac + b"\x08\x06" + body).ljust(60, b"\0")
+
+
+def _l2(i: int, ether_type: int, payload: bytes, dst_mac: str = "") -> bytes:
+    """A frame from host i to ``dst_mac`` (the switch) with any EtherType (or 802.3 length)."""
+    dst = wire.mac_bytes(dst_mac or SWITCH_MAC)
+    frame = dst + wire.mac_bytes(HOSTS[i][0]) + ether_type.to_bytes(2, "big") + payload
+    return frame.ljust(60, b"\0")
+
+
+def _tagged(frame: bytes, *tags: tuple[int, int]) -> bytes:
+    """``frame`` with (TPID, TCI) tags inserted after its MAC addresses, outermost first."""
+    inserted = b"".join(tpid.to_bytes(2, "big") + tci.to_bytes(2, "big") for tpid, tci in tags)
+    return frame[:12] + inserted + frame[12:]
+
+
+def _edge_drop(reason: int) -> dict[int, int]:
+    return {reason: 1}
+
+
+def edge_vectors() -> list[Vector]:
+    """Default-deny at the edge: one vector per class of frame a host can send.
+
+    Every frame carries an attack that the IPv4 checks stop (a forged DATA or NACK into host 2,
+    a GET for a tenant host 2 is not bound to) or is otherwise nothing a host needs to send; each
+    must be dropped with nothing out, the program's counters unchanged, and the edge counter's
+    reason counted (refswitch/edge.py).
+    """
+    v: list[Vector] = []
+    forged_data = host_frame(
+        1,
+        HOSTS[2][1],
+        wire.data_message(TENANT, CHUNK_KEY, 0, 3, b"evil"),
+        dport=HOSTS[2][2],
+    )
+    forged_nack = host_frame(
+        1,
+        HOSTS[2][1],
+        wire.nack_message(KvpHeader(c.KVP_OP_GET, key=CHUNK_KEY, req_id=5), c.KVP_STATUS_NOT_FOUND),
+        dport=HOSTS[2][2],
+    )
+    other_tenant = _get(BOUND_HOST, CHUNK_KEY, 0, req_id=70, tenant=TENANT + 1)
+    # The same attacks behind every tag a Linux host can put on a frame.
+    tag_steps = [
+        Step(1, _tagged(forged_data, (0x8100, 0)), edge=_edge_drop(R.VLAN)),
+        Step(1, _tagged(forged_data, (0x8100, 42)), edge=_edge_drop(R.VLAN)),
+        Step(1, _tagged(forged_nack, (0x88A8, 7)), edge=_edge_drop(R.VLAN)),
+        Step(1, _tagged(forged_data, (0x88A8, 7), (0x8100, 42)), edge=_edge_drop(R.VLAN)),
+        Step(1, _tagged(forged_data, (0x9100, 7)), edge=_edge_drop(R.VLAN)),
+        Step(2, _tagged(other_tenant, (0x8100, 1)), edge=_edge_drop(R.VLAN)),
+    ]
+    v.append(
+        Vector("vlan_tagged_frames_from_a_host_are_dropped", tag_steps, needs_p4=NEEDS_EDGE_GUARD)
+    )
+    ipv6_udp = _ipv6_udp(
+        1, c.KVP_UDP_PORT, HOSTS[2][2], wire.data_message(TENANT, CHUNK_KEY, 0, 3, b"evil")
+    )
+    v.append(
+        Vector(
+            "ipv6_from_a_host_is_dropped",
+            [Step(1, ipv6_udp, edge=_edge_drop(R.IPV6))],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    label = (16 << 12 | 1 << 8 | 64).to_bytes(4, "big")  # label 16, bottom of stack, TTL 64
+    v.append(
+        Vector(
+            "mpls_from_a_host_is_dropped",
+            [
+                Step(1, _l2(1, 0x8847, label + forged_data[14:]), edge=_edge_drop(R.MPLS)),
+                Step(1, _l2(1, 0x8848, label + forged_nack[14:]), edge=_edge_drop(R.MPLS)),
+            ],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    llc = b"\xaa\xaa\x03\x00\x00\x00\x08\x00" + forged_data[14:]  # SNAP carrying IPv4
+    v.append(
+        Vector(
+            "llc_frames_from_a_host_are_dropped",
+            [Step(1, _l2(1, len(llc), llc, HOSTS[2][0]), edge=_edge_drop(R.LLC))],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    pppoe = b"\x11\x00\x00\x01" + (len(forged_data) - 12).to_bytes(2, "big") + b"\x00\x21"
+    others = [
+        _l2(1, 0x8864, pppoe + forged_data[14:], HOSTS[2][0]),  # PPPoE session, IPv4 inside
+        _l2(1, 0x88CC, bytes(40), "01:80:c2:00:00:0e"),  # LLDP
+        _l2(1, 0x88B5, forged_data[14:], HOSTS[2][0]),  # local experimental
+        _l2(1, 0x8035, arp_frame(1, HOSTS[2][0], HOSTS[1][1], HOSTS[2][1])[14:], HOSTS[2][0]),
+    ]
+    v.append(
+        Vector(
+            "other_ethertypes_from_a_host_are_dropped",
+            [Step(1, f, edge=_edge_drop(R.OTHER_ETHERTYPE)) for f in others],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    spoofed_arp = arp_frame(1, HOSTS[2][0], POOL_IP, HOSTS[2][1])
+    not_ipv4_arp = arp_frame(1, HOSTS[2][0], HOSTS[1][1], HOSTS[2][1], ptype=0x86DD)
+    zero_arp = _l2(1, 0x0806, bytes(46), HOSTS[3][0])
+    v.append(
+        Vector(
+            "arp_that_is_malformed_or_spoofed_is_dropped",
+            [
+                Step(1, spoofed_arp, edge=_edge_drop(R.ARP_SPOOFED)),
+                Step(1, not_ipv4_arp, edge=_edge_drop(R.ARP_MALFORMED)),
+                Step(1, zero_arp, edge=_edge_drop(R.ARP_MALFORMED)),
+            ],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    first = _mutate(forged_data, 20, (0x2000).to_bytes(2, "big"))  # MF, offset 0
+    later = _mutate(forged_data, 20, (0x0001).to_bytes(2, "big"))  # offset 8, last
+    plain_later = _mutate(host_frame(1, HOSTS[2][1], b"x" * 32, dport=5000), 20, b"\x20\x03")
+    v.append(
+        Vector(
+            "ipv4_fragments_from_a_host_are_dropped",
+            [
+                Step(1, first, edge=_edge_drop(R.IPV4_FRAGMENT)),
+                Step(1, later, edge=_edge_drop(R.IPV4_FRAGMENT)),
+                Step(1, plain_later, edge=_edge_drop(R.IPV4_FRAGMENT)),
+            ],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    # IPv4 with options: both programs drop it as malformed (they cannot fix its checksum).
+    options = bytearray(forged_data[:34] + b"\x01\x01\x01\x00" + forged_data[34:])
+    options[14] = 0x46
+    options[16:18] = (len(options) - 14).to_bytes(2, "big")
+    options[24:26] = b"\0\0"
+    options[24:26] = wire.ipv4_checksum(bytes(options[14:38])).to_bytes(2, "big")
+    v.append(
+        Vector(
+            "ipv4_with_options_from_a_host_is_malformed",
+            [Step(1, bytes(options), [], drop(c.DROP_MALFORMED))],
+        )
+    )
+    deny_get = wire.udp_frame(
+        DENY_MAC,
+        SWITCH_MAC,
+        DENY_IP,
+        VIP,
+        40005,
+        c.KVP_UDP_PORT,
+        wire.get_message(TENANT, CHUNK_KEY, 0, 38),
+    )
+    deny_plain = wire.udp_frame(DENY_MAC, SWITCH_MAC, DENY_IP, HOSTS[1][1], 40005, 5000, b"hi")
+    deny_arp = (
+        wire.mac_bytes(HOSTS[1][0])
+        + wire.mac_bytes(DENY_MAC)
+        + arp_frame(1, HOSTS[1][0], DENY_IP, HOSTS[1][1])[12:]
+    )
+    denied = [deny_get, deny_plain, deny_arp]
+    v.append(
+        Vector(
+            "denied_port_sends_nothing",
+            [Step(DENY_PORT, f, edge=_edge_drop(R.PORT_DENIED)) for f in denied],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    v.append(
+        Vector(
+            "unknown_port_is_denied_by_the_data_plane",
+            [Step(UNKNOWN_PORT, f, edge=_edge_drop(R.PORT_DENIED)) for f in denied],
+            needs_p4=NEEDS_EDGE_GUARD,
+        )
+    )
+    return v
+
+
+def _ipv6_udp(i: int, sport: int, dport: int, payload: bytes) -> bytes:
+    """An IPv6/UDP frame from host i's MAC to host 2's (link-local addresses)."""
+    udp = sport.to_bytes(2, "big") + dport.to_bytes(2, "big")
+    udp += (8 + len(payload)).to_bytes(2, "big") + b"\0\0" + payload
+    src = bytes.fromhex("fe800000000000000000000000000001")
+    dst = bytes.fromhex("fe800000000000000000000000000002")
+    ip6 = b"\x60\0\0\0" + len(udp).to_bytes(2, "big") + bytes((17, 64)) + src + dst
+    return _l2(i, 0x86DD, ip6 + udp, HOSTS[2][0])
 
 
 def _truncate_udp(frame: bytes, length: int) -> bytes:

@@ -72,7 +72,15 @@ class Env:
                     "fetch_address": f"127.0.0.1:{self.pool.address[1]}",
                 }
             ],
-            "hosts": [{"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}],
+            "hosts": [
+                {
+                    "name": "h1",
+                    "ip": HOST_IP,
+                    "mac": HOST_MAC,
+                    "port": HOST_PORT,
+                    "tenants": [TENANT],
+                }
+            ],
             "tick_s": 3600,  # the tests tick by hand
             "metrics": {"listen": "127.0.0.1:0"},
             "report_api": {"listen": "127.0.0.1:0"},

@@ -42,7 +42,9 @@ def write_config(path: Path, address: str, **extra: object) -> tuple[int, int]:
     doc = {
         "switches": [{"name": "s1", "address": address, "election_id": 10}],
         "pools": [{"name": "p1", "ip": POOL_IP, "mac": POOL_MAC, "port": POOL_PORT}],
-        "hosts": [{"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}],
+        "hosts": [
+            {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT, "tenants": [1]}
+        ],
         "tick_s": 0.2,
         "report_api": {"listen": f"127.0.0.1:{report_port}"},
         "metrics": {"listen": f"127.0.0.1:{metrics_port}"},

@@ -23,7 +23,14 @@ def with_(**top: Any) -> dict[str, Any]:
 
 def host(name: str = "h1", **kw: Any) -> dict[str, Any]:
     n = int(name[1:])
-    return {"name": name, "ip": f"10.0.0.{n}", "mac": f"00:00:00:00:00:{n:02x}", "port": n, **kw}
+    return {
+        "name": name,
+        "ip": f"10.0.0.{n}",
+        "mac": f"00:00:00:00:00:{n:02x}",
+        "port": n,
+        "tenants": [1],
+        **kw,
+    }
 
 
 def pool(name: str = "p1", **kw: Any) -> dict[str, Any]:
@@ -195,3 +202,56 @@ def test_only_a_tofino_takes_fanout_ports() -> None:
         {"switches": [{"name": "s1", "address": "h:1", "fanout_ports": [68]}]},
         "only a tofino switch has fanout_ports",
     )
+
+
+# ---------------------------------------------------------------------- secure defaults
+def test_a_host_without_tenants_is_refused_with_what_to_write() -> None:
+    bare = host()
+    del bare["tenants"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(with_(hosts=[bare]))
+    message = str(err.value)
+    assert message.startswith("hosts[0].tenants: required")
+    assert "tenants: any" in message and "'h1'" in message
+
+
+@pytest.mark.parametrize("bad", [[], "all", "ANY", 3])
+def test_tenants_must_be_a_list_of_ids_or_the_word_any(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"hosts\[0\]\.tenants"):
+        parse_config(with_(hosts=[host(tenants=bad)]))
+
+
+def test_tenants_any_is_accepted_and_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="controlplane.config"):
+        cfg = parse_config(with_(hosts=[host(), host("h2", tenants="any")]))
+    assert [h.tenants for h in cfg.hosts] == [(1,), None]
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and record.getMessage().startswith("hosts[1].tenants:")
+    assert "'h2' may ask for any tenant" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("setting", "logged"),
+    [
+        ({"program_forwarding": False}, "switches[0].program_forwarding: false"),
+        ({"deny_unknown_ports": False}, "switches[0].deny_unknown_ports: false"),
+    ],
+)
+def test_switch_settings_that_leave_ports_unbound_are_logged(
+    caplog: pytest.LogCaptureFixture, setting: dict[str, bool], logged: str
+) -> None:
+    doc = {"switches": [{"name": "s1", "address": "127.0.0.1:9559", **setting}]}
+    with caplog.at_level("WARNING", logger="controlplane.config"):
+        parse_config(doc)
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and record.getMessage().startswith(logged)
+
+
+def test_the_secure_defaults_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="controlplane.config"):
+        cfg = parse_config(with_(hosts=[host()], pools=[pool()]))
+    (sw,) = cfg.switches
+    assert sw.program_forwarding and sw.deny_unknown_ports
+    assert caplog.records == []

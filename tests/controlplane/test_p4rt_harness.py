@@ -34,7 +34,7 @@ from kvcast import p4constants as c
 from kvcast import wire
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Output, Pipeline, initial_defaults
-from refswitch.runtime import SwitchState
+from refswitch.runtime import ActionCall, SwitchState
 
 CPU = c.CPU_PORT_NUM
 HOST_PORT = 1
@@ -64,6 +64,22 @@ def canonical(value: int) -> bytes:
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
+def driver_test_defaults() -> dict[str, ActionCall]:
+    """The reference target's table defaults, but an unknown port is an unbound host port.
+
+    The drivers' tests send GETs from ``HOST_PORT`` without a ForwardingDriver binding it; the
+    reference target itself denies such a port (refswitch/edge.py). Port security has its own
+    tests (tests/conformance and tests/security on the real defaults; test_daemon's base-state
+    test checks that the daemon writes DENY over this default); here the switch keeps the
+    committed P4 programs' default, as a controller with ``deny_unknown_ports: false`` would.
+    """
+    defaults = initial_defaults()
+    defaults[c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE] = ActionCall(
+        c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE, {"role": c.PORT_ROLE_HOST}
+    )
+    return defaults
+
+
 class RefSwitch:
     """The reference switch in this process, recording requests, restartable on one port."""
 
@@ -88,7 +104,7 @@ class RefSwitch:
         server = P4RuntimeServer(
             state,
             f"127.0.0.1:{self.port}",
-            defaults_provider=lambda _p: initial_defaults(),
+            defaults_provider=lambda _p: driver_test_defaults(),
             on_pipeline=lambda _p, _c: pipeline.reset(),
         )
         # The servicer's methods are bound when the server starts: wrap them to record.

@@ -16,6 +16,7 @@ from types import TracebackType
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT, KvpHeader, data_message, fragment_crc
 from poolnode.backend import InMemoryBackend
+from poolnode.groups import ANY_GROUP
 from poolnode.server import KvpGetHandler
 
 Respond = Callable[[bytes], list[bytes]]
@@ -73,8 +74,8 @@ class FakeServer:
 
 
 def pool(backend: InMemoryBackend) -> Respond:
-    """The real pool-node logic."""
-    handler = KvpGetHandler(backend)
+    """The real pool-node logic, behind a switch that checks group membership (any group)."""
+    handler = KvpGetHandler(backend, groups=ANY_GROUP)
     return lambda d: [h + bytes(p) for h, p in handler.handle(d)]
 
 
@@ -314,7 +315,7 @@ class MulticastRelay:
         groups: dict[int, list[Address]],
         mangle: Mangle | None = None,
     ) -> None:
-        self.handler = KvpGetHandler(backend)
+        self.handler = KvpGetHandler(backend, groups=ANY_GROUP)
         self.groups = groups
         self.mangle = mangle
         self.gets: dict[Address, int] = {}

@@ -130,6 +130,13 @@ class RefSwitchBridge:
                 {"port": port, "smac": smac, "dmac": _mac(mac)},
             )
         for i, ip, mac in nodes:
+            # Each host's port bound to its address, any tenant (an unknown port is denied).
+            cl.insert(
+                t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+                {"port": i},
+                t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+                {"addr": _ip(ip), "check_tenant": 0},
+            )
             cl.insert(
                 t.TABLE_EGRESS_REPLICA_REPLICA_DST,
                 {"rid": i},

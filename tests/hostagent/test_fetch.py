@@ -6,6 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -39,8 +40,18 @@ CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 77)
 # FAST gives up within about 0.15 s (tests of failure paths and fallbacks); STEADY's first timeout
 # is long enough that a loaded machine causes no spurious retry (tests that expect one path to
 # succeed, or that count exactly).
-FAST = {"timeout_s": 0.02, "max_timeout_s": 0.08, "max_retries": 2, "deadline_s": 5.0}
-STEADY = {"timeout_s": 0.2, "max_timeout_s": 0.4, "max_retries": 2, "deadline_s": 10.0}
+FAST: dict[str, Any] = {
+    "timeout_s": 0.02,
+    "max_timeout_s": 0.08,
+    "max_retries": 2,
+    "deadline_s": 5.0,
+}
+STEADY: dict[str, Any] = {
+    "timeout_s": 0.2,
+    "max_timeout_s": 0.4,
+    "max_retries": 2,
+    "deadline_s": 10.0,
+}
 # STEADY without tail probes (they could fire on a loaded machine): a lost GET is sent again only
 # once later GETs are answered (fast retransmit) or when it times out.
 NO_PROBE = {**STEADY, "tail_probe_min_s": 0.2}
@@ -51,10 +62,12 @@ def make_client(
     pool_addr: Address | None = None,
     timing: dict[str, float] = FAST,
     group: int = 0,
+    pool_addrs: tuple[Address, ...] = (),
 ) -> FetchClient:
     return FetchClient(
         service,
         pool_addr,
+        pool_addrs=pool_addrs,
         timeout_s=timing["timeout_s"],
         max_timeout_s=timing["max_timeout_s"],
         max_retries=int(timing["max_retries"]),
@@ -233,7 +246,12 @@ def test_a_stalled_path_costs_one_tail_probe_not_the_window(backend: InMemoryBac
 
 # Timing under which an old-style retry (waiting twice the first timeout) ends in DEADLINE: only a
 # retry sent on evidence of loss, or timed by the measured round trip, completes the fetch.
-LONG_FIRST = {"timeout_s": 5.0, "max_timeout_s": 5.0, "max_retries": 2, "deadline_s": 3.0}
+LONG_FIRST: dict[str, Any] = {
+    "timeout_s": 5.0,
+    "max_timeout_s": 5.0,
+    "max_retries": 2,
+    "deadline_s": 3.0,
+}
 
 
 def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up_retries(
@@ -466,11 +484,14 @@ def test_a_pool_unavailable_for_a_while_is_waited_for_not_given_up(
     assert report.nacks >= 1 and report.timeouts >= 1
 
 
+ELSEWHERE = ("127.0.0.2", c.KVP_UDP_PORT)
+
+
 class _AnsweredFromElsewhere:
     """The service forwards every GET to a pool that answers from its own address, as the
     switch does with a miss: the replies to a path's GETs do not come from the path's address.
-    The pool answers from the KVP port, as every pool node does (the agent drops datagrams from
-    any other port that is not one of its paths)."""
+    The pool answers from the KVP port, as every pool node does; the agent takes its answers
+    only if it was given the pool's address (``pool_addrs``)."""
 
     def __init__(self, backend: InMemoryBackend, port: int = c.KVP_UDP_PORT) -> None:
         self.handler = pool(backend)
@@ -492,7 +513,7 @@ def test_replies_from_another_address_than_the_path_are_received(
     try:
         with (
             FakeServer(elsewhere) as service,
-            make_client(service.address, timing=STEADY) as client,
+            make_client(service.address, timing=STEADY, pool_addrs=(ELSEWHERE,)) as client,
         ):
             elsewhere.client = ("127.0.0.1", client.address[1])
             out = dst()
@@ -502,6 +523,23 @@ def test_replies_from_another_address_than_the_path_are_received(
     assert report.ok and not report.fell_back
     assert as_bytes(out) == CHUNK
     assert report.frags_pool == NFRAGS and report.foreign == 0
+
+
+def test_replies_from_the_kvp_port_of_an_address_not_given_are_dropped(
+    backend: InMemoryBackend,
+) -> None:
+    elsewhere = _AnsweredFromElsewhere(backend)  # the KVP source port alone is no credential
+    try:
+        with (
+            FakeServer(elsewhere) as service,
+            make_client(service.address, timing=FAST) as client,
+        ):
+            elsewhere.client = ("127.0.0.1", client.address[1])
+            report = client.fetch(TENANT, KEY, dst())
+    finally:
+        elsewhere.sock.close()
+    assert not report.ok and report.frags_pool == 0
+    assert report.foreign > 0
 
 
 def test_replies_from_a_host_port_that_is_no_path_are_dropped(backend: InMemoryBackend) -> None:
@@ -540,7 +578,12 @@ def test_the_get_timeout_follows_measured_round_trips(backend: InMemoryBackend) 
         time.sleep(0.03)
         return handler(datagram)
 
-    timing = {"timeout_s": 0.02, "max_timeout_s": 1.0, "max_retries": 2, "deadline_s": 20.0}
+    timing: dict[str, Any] = {
+        "timeout_s": 0.02,
+        "max_timeout_s": 1.0,
+        "max_retries": 2,
+        "deadline_s": 20.0,
+    }
     with FakeServer(slow) as srv:
         client = FetchClient(srv.address, None, window=4, bind=("127.0.0.1", 0), **timing)
         with client:

@@ -56,7 +56,7 @@ def test_leader_and_follower_through_the_reference_switch_both_verify(tmp_path: 
     pool_cmd = [
         sys.executable, "-m", "poolnode", "--backend", "memory", "--preload",
         f"{TENANT}:{KEY:#x}:{NBYTES}:{SEED}", "--stats-file", str(stats),
-        "--stats-interval", "0",
+        "--stats-interval", "0", "--group", str(GROUP),  # the one group the test makes
     ]  # fmt: skip
     pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     with Cluster(spec, RefSwitch) as cluster:

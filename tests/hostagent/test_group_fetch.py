@@ -23,6 +23,7 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.wire import KvpHeader
 from poolnode.backend import InMemoryBackend
+from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent
 from tests.hostagent.refbridge import RefSwitchBridge
@@ -68,7 +69,8 @@ def backend() -> InMemoryBackend:
 
 @pytest.fixture
 def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
-    with PoolServer(backend, "127.0.0.1", 0) as srv:
+    # Behind the (reference) switch, which checks group membership: any group.
+    with PoolServer(backend, "127.0.0.1", 0, groups=ANY_GROUP) as srv:
         yield srv
 
 
@@ -265,14 +267,18 @@ def test_group_fetch_through_the_reference_pipeline(
         assert (lead.frags_pool, fol.frags_pool) == (NFRAGS, NFRAGS)
 
 
+# Where the stream comes from: a pool node the follower was given (it takes nothing from others).
+STREAM_ADDR = ("127.0.0.5", c.KVP_UDP_PORT)
+
+
 class _Stream:
-    """Sends a chunk's fragments as the group's multicast replicas, from a KVP service port."""
+    """Sends a chunk's fragments as the group's multicast replicas, from a pool node's address."""
 
     def __init__(self, chunk: bytes) -> None:
         self.chunk = chunk
         self.n = -(-len(chunk) // c.FRAG_BYTES)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
+        self.sock.bind(STREAM_ADDR)
 
     def send(self, to: Address, frags: Iterable[int]) -> None:
         for i in frags:
@@ -292,7 +298,9 @@ def _follow_with_gaps(
     stream = _Stream(chunk)
     timer = None
     try:
-        with FetchClient(server, group=GROUP, socket_buffer_bytes=8 << 20) as follower:
+        with FetchClient(
+            server, group=GROUP, socket_buffer_bytes=8 << 20, pool_addrs=[STREAM_ADDR]
+        ) as follower:
             first = range(stream.n) if later is None else range(later.start)
             stream.send(follower.address, (i for i in first if i not in lost))
             if later is not None:
@@ -371,7 +379,7 @@ def test_a_follower_waits_for_the_next_jumbo_data_of_a_slow_stream() -> None:
     seen = record.seen
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    sock.bind(STREAM_ADDR)
 
     def stream(to: Address) -> None:
         for first in range(0, n, per):
@@ -385,7 +393,9 @@ def test_a_follower_waits_for_the_next_jumbo_data_of_a_slow_stream() -> None:
     try:
         with (
             FakeServer(record) as server,
-            FetchClient(server.address, group=GROUP, socket_buffer_bytes=8 << 20) as follower,
+            FetchClient(
+                server.address, group=GROUP, socket_buffer_bytes=8 << 20, pool_addrs=[STREAM_ADDR]
+            ) as follower,
         ):
             sender = threading.Thread(target=stream, args=(follower.address,))
             sender.start()
@@ -424,10 +434,10 @@ def test_a_hostile_multi_fragment_stream_leaves_only_verified_bytes_on_both_data
     order = [bytes(bad), data(5), forged, data(15), data(10), data(0), short, bytes(beyond)]
     order += [data(f) for f in range(20, n, per)]
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    sender.bind(STREAM_ADDR)
     try:
         with FetchClient(None, ("127.0.0.1", 9), group=GROUP, socket_buffer_bytes=8 << 20,
-                         deadline_s=10.0) as follower:  # fmt: skip
+                         deadline_s=10.0, pool_addrs=[STREAM_ADDR]) as follower:  # fmt: skip
             for msg in order:
                 sender.sendto(msg, follower.address)
             out = torch.zeros(len(chunk), dtype=torch.uint8)
@@ -451,7 +461,7 @@ def test_a_follower_keeps_the_data_size_its_last_stream_carried() -> None:
     chunk = os.urandom(300 * c.FRAG_BYTES)
     n = -(-len(chunk) // c.FRAG_BYTES)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.5", c.KVP_UDP_PORT))
+    sock.bind(STREAM_ADDR)
     flags = c.KVP_FLAG_POOL | c.KVP_FLAG_REPLICA
 
     def follow(key: int, frags_per_datagram: int) -> None:
@@ -465,7 +475,11 @@ def test_a_follower_keeps_the_data_size_its_last_stream_carried() -> None:
 
     try:
         with FetchClient(
-            ("127.0.0.1", 9), group=GROUP, mtu=1500, socket_buffer_bytes=8 << 20
+            ("127.0.0.1", 9),
+            group=GROUP,
+            mtu=1500,
+            socket_buffer_bytes=8 << 20,
+            pool_addrs=[STREAM_ADDR],
         ) as follower:
             native = follower._native is not None
             assert follower._data_frags == 5

@@ -8,12 +8,19 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.p4rt_client import P4RuntimeClient, P4RuntimeClientError
 from tests.conformance.harness import InProcessRefTarget
-from tests.conformance.vectors import VIP, host_frame
+from tests.conformance.vectors import HOSTS, VIP, host_frame
 
 
 @pytest.fixture()
 def target() -> Iterator[InProcessRefTarget]:
     t = InProcessRefTarget()
+    # Host 1's port bound to its address (the reference target denies an unknown port).
+    t.client.insert(
+        c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+        {"port": 1},
+        c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+        {"addr": int.from_bytes(wire.ip_bytes(HOSTS[1][1]), "big"), "check_tenant": 0},
+    )
     yield t
     t.close()
 

@@ -13,6 +13,7 @@ import pytest
 from kvcast import p4constants as c
 from kvcast.wire import KvpHeader, fragment_crc, get_message
 from poolnode.backend import InMemoryBackend, PoolBackendError
+from poolnode.groups import StaticGroups
 from poolnode.server import (
     MAX_GET_FRAGMENTS,
     ChunkCache,
@@ -38,7 +39,7 @@ def backend() -> InMemoryBackend:
 
 @pytest.fixture
 def handler(backend: InMemoryBackend) -> KvpGetHandler:
-    return KvpGetHandler(backend)
+    return KvpGetHandler(backend, groups=StaticGroups([5]))
 
 
 def decode(replies: list[Reply]) -> list[tuple[KvpHeader, bytes]]:
@@ -269,7 +270,7 @@ def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
     # the Python path's, DATA for DATA, including the short tail and a group echo; with gso
     # (native only: the Python path sends one datagram per DATA either way) several DATAs leave
     # as one UDP GSO message and arrive as the same datagrams.
-    reference = KvpGetHandler(backend, mtu=mtu)
+    reference = KvpGetHandler(backend, mtu=mtu, groups=StaticGroups([9]))
     gets = [
         get_message(TENANT, KEY, 0, req_id=70, count=NFRAGS),
         get_message(TENANT, KEY, 4, req_id=71, count=NFRAGS - 4, group=9),
@@ -277,7 +278,7 @@ def test_the_server_sends_exactly_the_handlers_datas_on_both_data_paths(
     ]
     gets.append(get_message(TENANT, KEY, 0, req_id=73, count=NFRAGS))  # again: cached CRCs
     expected = [h + bytes(p) for g in gets for h, p in reference.handle(g)]
-    with PoolServer(backend, "127.0.0.1", 0, mtu=mtu, gso=gso) as srv:
+    with PoolServer(backend, "127.0.0.1", 0, mtu=mtu, gso=gso, groups=StaticGroups([9])) as srv:
         for g in gets:
             client.sendto(g, srv.address)
         got = [client.recv(65536) for _ in expected]

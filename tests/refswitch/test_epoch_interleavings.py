@@ -65,6 +65,19 @@ class EpochInterleavings(RuleBasedStateMachine):
         self.state = SwitchState()
         self.state.set_pipeline(P4INFO, initial_defaults=initial_defaults())
         self.pipeline = Pipeline(self.state)
+        # The host's port is bound to its address and tenant (an unbound port is denied).
+        self.state.insert_entry(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            [HOST_PORT],
+            ActionCall(
+                c.ACTION_INGRESS_PORT_ROLE_BIND_HOST, {"addr": _ip(HOST_IP), "check_tenant": 1}
+            ),
+        )
+        self.state.insert_entry(
+            c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
+            [HOST_PORT, TENANT],
+            ActionCall(c.ACTION_INGRESS_PORT_ROLE_TENANT_OK, {}),
+        )
         self.state.insert_entry(
             c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
             [Lpm(_ip(POOL_IP), 32)],

@@ -75,7 +75,7 @@ def _run(
 def _same(t: InProcessRefTarget, port: int, frame: bytes) -> list[Output]:
     # A miss bumps the hot-miss sketch: both runs start from the same sketch state.
     rows = [*t.pipeline.regs.cms_rows, t.pipeline.regs.reported]
-    sketch_before = [array.array("I", row) for row in rows]
+    sketch_before = [array.array(row.typecode, row) for row in rows]
     fast_out, fast_delta = _run(t, True, port, frame)
     sketch_fast = [row.tobytes() for row in rows]
     for row, saved in zip(rows, sketch_before, strict=True):
@@ -95,7 +95,7 @@ def _spy(
     original = getattr(target.pipeline, name)
 
     def spy(port: int, frame: bytes) -> list[Output] | None:
-        out = original(port, frame)
+        out: list[Output] | None = original(port, frame)
         if out is not None:
             served.append(port)
         return out

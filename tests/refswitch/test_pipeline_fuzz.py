@@ -3,8 +3,9 @@ cache state changed.
 
 Packets come from host and pool ports only (the CPU port is the control plane's, and a WRITE
 from it is supposed to change state). Each packet must end in exactly one accounted outcome: at
-least one frame out, or one drop counted, or one KVP event counted (a multicast to a group with
-no member emits nothing, as on BMv2, but is counted as an event).
+least one frame out, or one drop counted (by the program or the reference target's edge guard),
+or one KVP event counted (a multicast to a group with no member emits nothing, as on BMv2, but is
+counted as an event).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ N_RANDOM = 12_000
 def _totals(t: InProcessRefTarget) -> tuple[int, int]:
     drops = sum(t.state.counter_value(IG_DROPS, i)[0] for i in range(c.DROP_REASON_COUNT))
     drops += sum(t.state.counter_value(EG_DROPS, i)[0] for i in range(c.DROP_REASON_COUNT))
+    # The reference target's edge guard counts its drops apart (refswitch/edge.py).
+    drops += sum(t.pipeline.edge_drops.snapshot().values())
     events = sum(t.state.counter_value(IG_EVENTS, i)[0] for i in range(c.EV_COUNT))
     return drops, events
 

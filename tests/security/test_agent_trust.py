@@ -1,4 +1,4 @@
-"""The agent trusts only its paths and KVP services, and only answers to its own GETs.
+"""The agent trusts only its paths and the pool nodes it was given, and only answers to its GETs.
 
 Each test plays a hostile host that reaches the agent's socket directly (as it could on a
 fabric that does not filter, or through a switch without source binding) and checks that
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,12 @@ pytestmark = pytest.mark.usefixtures("data_path")
 TENANT, KEY, GROUP = 4, 0x5EC0DE5EC0DE5EC0, 12
 NFRAGS = 9
 CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 31)
-TIMING = {"timeout_s": 0.05, "max_timeout_s": 0.2, "max_retries": 3, "deadline_s": 10.0}
+TIMING: dict[str, Any] = {
+    "timeout_s": 0.05,
+    "max_timeout_s": 0.2,
+    "max_retries": 3,
+    "deadline_s": 10.0,
+}
 
 
 @pytest.fixture
@@ -44,10 +50,14 @@ def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
         yield srv
 
 
-def _attacker() -> socket.socket:
+def _attacker(addr: tuple[str, int] = ("127.0.0.1", 0)) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
+    s.bind(addr)
     return s
+
+
+# A hostile host that sends from the KVP port: once a credential, now nothing (issue 27).
+KVP_SOURCE = ("127.0.0.9", c.KVP_UDP_PORT)
 
 
 def _forged_fragments(group: int, flags: int) -> list[bytes]:
@@ -128,4 +138,59 @@ def test_an_answer_outside_the_request_is_invalid(
         report = client.fetch(TENANT, KEY, out)
     assert report.ok
     assert report.invalid == 1
+    assert out.numpy().tobytes() == CHUNK
+
+
+def test_forged_replicas_from_the_kvp_source_port_never_reach_a_default_follower(
+    pool_server: PoolServer,
+) -> None:
+    with (
+        FetchClient(pool_server.address, group=GROUP, **TIMING) as victim,
+        _attacker(KVP_SOURCE) as evil,
+    ):
+        for msg in _forged_fragments(GROUP, c.KVP_FLAG_REPLICA | c.KVP_FLAG_HIT):
+            evil.sendto(msg, victim.address)
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = victim.follow(TENANT, KEY, out, stall_s=0.1)
+    assert report.ok
+    assert report.foreign == NFRAGS and report.frags_stream == 0
+    assert out.numpy().tobytes() == CHUNK
+
+
+def test_a_forged_nack_from_the_kvp_source_port_is_dropped(pool_server: PoolServer) -> None:
+    with FetchClient(pool_server.address, **TIMING) as victim, _attacker(KVP_SOURCE) as evil:
+        rid = victim._next_req
+        get = KvpHeader(c.KVP_OP_GET, tenant=TENANT, key=KEY, req_id=rid)
+        evil.sendto(nack_message(get, c.KVP_STATUS_NOT_FOUND), victim.address)
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = victim.fetch(TENANT, KEY, out)
+    assert report.ok and not report.fell_back
+    assert report.nacks == 0 and report.foreign == 1
+    assert out.numpy().tobytes() == CHUNK
+
+
+def test_a_pool_node_the_agent_was_given_is_trusted(backend: InMemoryBackend) -> None:
+    """The counterpart: replicas from a listed pool node's address are taken."""
+    with (
+        FetchClient(("127.0.0.1", 9), group=GROUP, pool_addrs=[KVP_SOURCE], **TIMING) as follower,
+        _attacker(KVP_SOURCE) as listed_pool,
+    ):
+        true = [
+            data_message(
+                TENANT,
+                KEY,
+                i,
+                NFRAGS,
+                CHUNK[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES],
+                group=GROUP,
+                flags=c.KVP_FLAG_REPLICA,
+                req_id=1,
+            )
+            for i in range(NFRAGS)
+        ]
+        for msg in true:
+            listed_pool.sendto(msg, follower.address)
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        report = follower.follow(TENANT, KEY, out, stall_s=0.5)
+    assert report.ok and report.foreign == 0 and report.frags_stream == NFRAGS
     assert out.numpy().tobytes() == CHUNK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,7 +25,12 @@ pytestmark = pytest.mark.usefixtures("data_path")
 TENANT, KEY = 6, 0x6D6163
 SECRET = bytes(range(32))
 CHUNK = os.urandom(5 * c.FRAG_BYTES + 9)
-TIMING = {"timeout_s": 0.03, "max_timeout_s": 0.1, "max_retries": 2, "deadline_s": 5.0}
+TIMING: dict[str, Any] = {
+    "timeout_s": 0.03,
+    "max_timeout_s": 0.1,
+    "max_retries": 2,
+    "deadline_s": 5.0,
+}
 
 
 @pytest.fixture
@@ -63,9 +69,84 @@ def test_bytes_rewritten_with_a_valid_crc_fail_the_mac(
     report, _ = _fetch(server, {TENANT: SECRET})
     assert not report.ok
     assert report.reason is RecomputeReason.MAC_MISMATCH
+    # Counted as an attack; with no pool path nor pool client there is nothing to repair from.
+    assert report.mac_failures == 1 and not report.mac_repaired
     # Without the key the forgery goes unnoticed: the MAC is what stops it.
     report, got = _fetch(server, None)
     assert report.ok and not report.mac_verified and got == forged
+
+
+# ---------------------------------------------------------------------- repair after a failure
+FORGED_FRAGS = (1, 3)
+
+
+def _forged_chunk() -> bytes:
+    """CHUNK with fragments FORGED_FRAGS rewritten (each still CRC-valid as served)."""
+    out = bytearray(CHUNK)
+    for i in FORGED_FRAGS:
+        out[i * c.FRAG_BYTES : (i + 1) * c.FRAG_BYTES] = bytes(c.FRAG_BYTES)
+    return bytes(out)
+
+
+def _stores(chunk: bytes, mac: bytes | None = None) -> InMemoryBackend:
+    b = InMemoryBackend()
+    b.put(TENANT, KEY, chunk)
+    b.put(TENANT, mac_key_of(KEY), mac or chunk_mac(SECRET, TENANT, KEY, CHUNK))
+    return b
+
+
+def _fetch_via(
+    service: PoolServer, pool_addr: tuple[str, int] | None, direct: InMemoryBackend | None = None
+) -> tuple[FetchReport, bytes]:
+    out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+    keys = {TENANT: SECRET}
+    with FetchClient(service.address, pool_addr, mac_keys=keys, direct=direct, **TIMING) as cl:
+        report = cl.fetch(TENANT, KEY, out)
+    return report, out.numpy().tobytes()
+
+
+def test_forged_fragments_are_dropped_and_the_chunk_repaired_from_the_pool() -> None:
+    # The service path (a bad switch load, a path that rewrites) serves two forged fragments
+    # with valid CRCs; the pool holds the producer's bytes.
+    with (
+        PoolServer(_stores(_forged_chunk()), "127.0.0.1", 0, cache_bytes=0) as service,
+        PoolServer(_stores(CHUNK), "127.0.0.1", 0, cache_bytes=0) as pool,
+    ):
+        report, got = _fetch_via(service, pool.address)
+    assert report.ok and got == CHUNK
+    assert report.mac_failures == 1 and report.mac_repaired and report.mac_verified
+    assert report.forged_fragments == len(FORGED_FRAGS)
+    assert report.path == "pool" and report.fell_back
+
+
+def test_a_forged_mac_object_is_repaired_from_the_pool_too() -> None:
+    forged_mac = chunk_mac(SECRET, TENANT, KEY, _forged_chunk())
+    with (
+        PoolServer(_stores(CHUNK, forged_mac), "127.0.0.1", 0, cache_bytes=0) as service,
+        PoolServer(_stores(CHUNK), "127.0.0.1", 0, cache_bytes=0) as pool,
+    ):
+        report, got = _fetch_via(service, pool.address)
+    assert report.ok and got == CHUNK
+    assert report.mac_failures == 1 and report.mac_repaired
+    assert report.forged_fragments == 0  # the bytes were true: only the MAC object was not
+
+
+def test_the_pools_own_client_repairs_when_it_is_given() -> None:
+    with PoolServer(_stores(_forged_chunk()), "127.0.0.1", 0, cache_bytes=0) as service:
+        report, got = _fetch_via(service, None, direct=_stores(CHUNK))
+    assert report.ok and got == CHUNK
+    assert report.path == "direct" and report.mac_repaired
+    assert report.forged_fragments == len(FORGED_FRAGS)
+
+
+def test_a_repair_that_does_not_match_either_ends_in_recompute() -> None:
+    with (
+        PoolServer(_stores(_forged_chunk()), "127.0.0.1", 0, cache_bytes=0) as service,
+        PoolServer(_stores(_forged_chunk()), "127.0.0.1", 0, cache_bytes=0) as pool,
+    ):
+        report, got = _fetch_via(service, pool.address)
+    assert not report.ok and report.reason is RecomputeReason.MAC_MISMATCH
+    assert report.mac_failures == 1 and not report.mac_repaired and not report.mac_verified
 
 
 def test_a_valid_chunk_replayed_under_another_key_fails(

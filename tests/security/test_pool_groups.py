@@ -1,4 +1,5 @@
-"""A pool node given the controller's groups refuses a GET naming any other group."""
+"""A pool node serves only the groups it was told about, and (given a list) only the tenants a
+GET's source address is bound to."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from controlplane.reports import HttpApi, Response
 from kvcast import p4constants as c
 from kvcast.wire import KvpHeader, get_message
+from poolnode.__main__ import _parser
 from poolnode.backend import InMemoryBackend
-from poolnode.groups import GroupRegistry
-from poolnode.server import KvpGetHandler
+from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
+from poolnode.server import KvpGetHandler, PoolServer
+from poolnode.tenants import SourceTenants
 
 TENANT, KEY = 2, 0x6060
 
@@ -44,19 +47,23 @@ def controller() -> Iterator[_Controller]:
         ctl.api.stop()
 
 
-def _handler(groups: GroupRegistry) -> KvpGetHandler:
+def _handler(
+    groups: GroupSource | None = None, tenants: SourceTenants | None = None
+) -> KvpGetHandler:
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, bytes(3 * c.FRAG_BYTES))
-    return KvpGetHandler(backend, groups=groups)
+    return KvpGetHandler(backend, groups=groups, tenants=tenants)
 
 
 _REQ_IDS = itertools.count(1)
 
 
-def _answer(handler: KvpGetHandler, group: int) -> KvpHeader:
+def _answer(
+    handler: KvpGetHandler, group: int, tenant: int = TENANT, source: int | None = None
+) -> KvpHeader:
     """The first reply to a fresh GET (a new request id: no duplicate suppression)."""
-    get = get_message(TENANT, KEY, 0, req_id=next(_REQ_IDS), group=group, count=3)
-    return KvpHeader.unpack(handler.handle(get)[0][0])
+    get = get_message(tenant, KEY, 0, req_id=next(_REQ_IDS), group=group, count=3)
+    return KvpHeader.unpack(handler.handle(get, source)[0][0])
 
 
 def test_known_groups_are_served_and_unknown_ones_refused(controller: _Controller) -> None:
@@ -85,3 +92,81 @@ def test_without_the_controller_no_group_is_served(controller: _Controller) -> N
     handler = _handler(registry)
     assert _answer(handler, 5).op == c.KVP_OP_NACK  # fail closed
     assert registry.read_errors >= 1 and handler.stats.unknown_groups == 1
+
+
+# ---------------------------------------------------------------------- secure defaults
+def test_a_node_told_nothing_serves_no_group() -> None:
+    handler = _handler()
+    refused = _answer(handler, 5)
+    assert (refused.op, refused.status) == (c.KVP_OP_NACK, c.KVP_STATUS_BAD_REQUEST)
+    assert handler.stats.unknown_groups == 1
+    assert _answer(handler, 0).op == c.KVP_OP_DATA  # unicast needs no group
+
+
+def test_a_fixed_group_list_and_the_explicit_any_group() -> None:
+    listed = _handler(StaticGroups([5, 7]))
+    assert [_answer(listed, g).op for g in (5, 6, 7)] == [
+        c.KVP_OP_DATA,
+        c.KVP_OP_NACK,
+        c.KVP_OP_DATA,
+    ]
+    assert _answer(_handler(ANY_GROUP), 6).op == c.KVP_OP_DATA
+
+
+def test_the_command_line_refuses_groups_unless_told() -> None:
+    args = _parser().parse_args([])
+    assert (args.groups_url, args.group, args.any_group, args.source_tenants) == (
+        None,
+        None,
+        False,
+        [],
+    )
+    with pytest.raises(SystemExit):  # one way of being told at a time
+        _parser().parse_args(["--any-group", "--group", "5"])
+
+
+HOST_A, HOST_B, CONTROLLER = (int.from_bytes(bytes((10, 0, 0, i)), "big") for i in (1, 2, 254))
+
+
+def test_a_get_naming_a_tenant_its_source_is_not_bound_to_is_refused() -> None:
+    tenants = SourceTenants.parse([f"10.0.0.1={TENANT}", "10.0.0.2=3,4", "10.0.0.254=any"])
+    handler = _handler(tenants=tenants)
+    assert _answer(handler, 0, TENANT, HOST_A).op == c.KVP_OP_DATA
+    refused = _answer(handler, 0, TENANT, HOST_B)  # host B asks for host A's tenant
+    assert (refused.op, refused.status) == (c.KVP_OP_NACK, c.KVP_STATUS_BAD_REQUEST)
+    assert handler.stats.bad_tenants == 1
+    assert _answer(handler, 0, TENANT, CONTROLLER).op == c.KVP_OP_DATA  # "any": the controller
+    stranger = int.from_bytes(bytes((10, 0, 0, 99)), "big")
+    assert _answer(handler, 0, TENANT, stranger).op == c.KVP_OP_NACK
+    assert _answer(handler, 0, TENANT, None).op == c.KVP_OP_NACK  # no address: no vouching
+    assert handler.stats.unknown_sources == 2
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.1", "10.0.0.1=", "10.0.0.1=70000", "nowhere=1"])
+def test_source_tenant_specs_are_checked(bad: str) -> None:
+    with pytest.raises(ValueError):
+        SourceTenants.parse([bad])
+
+
+def test_the_server_checks_the_tenant_of_the_address_a_get_came_from() -> None:
+    import socket
+
+    backend = InMemoryBackend()
+    backend.put(TENANT, KEY, bytes(c.FRAG_BYTES))
+    backend.put(TENANT + 1, KEY, bytes(c.FRAG_BYTES))
+    tenants = SourceTenants.parse([f"127.0.0.1={TENANT}"])
+    with (
+        PoolServer(backend, "127.0.0.1", 0, cache_bytes=0, tenants=tenants) as srv,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client,
+    ):
+        client.bind(("127.0.0.1", 0))
+        client.settimeout(5)
+        replies = []
+        for tenant in (TENANT, TENANT + 1):
+            client.sendto(get_message(tenant, KEY, 0, req_id=next(_REQ_IDS)), srv.address)
+            replies.append(KvpHeader.unpack(client.recv(65536)))
+    assert [(r.op, r.tenant) for r in replies] == [
+        (c.KVP_OP_DATA, TENANT),
+        (c.KVP_OP_NACK, TENANT + 1),
+    ]
+    assert srv.stats.bad_tenants == 1

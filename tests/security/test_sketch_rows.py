@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import random
 import struct
 import zlib
@@ -102,3 +103,71 @@ def test_a_key_whose_cells_another_key_filled_is_still_reported(target: InProces
     # ... once per window.
     _miss(target, victim)
     assert _hot_reports(target) == 1
+
+
+# ---------------------------------------------------------------------- the report row
+ATTACKER_TENANT = 9  # host 1's port may ask for any tenant: it plays a tenant of its own
+
+
+def _report_twin(victim_tenant: int, victim: int, tenant: int) -> int:
+    """A key of ``tenant`` sharing only the report cell with ``victim`` (found by search)."""
+    want = sketch_indices(victim_tenant, victim)
+    rng = random.Random(27)
+    while True:
+        key = rng.getrandbits(64)
+        got = sketch_indices(tenant, key)
+        if got[3] == want[3] and all(a != b for a, b in zip(got[:3], want[:3], strict=True)):
+            return key
+
+
+def _miss_as(target: InProcessRefTarget, host: int, tenant: int, key: int, req_id: int) -> None:
+    mac, ip, port = HOSTS[host]
+    get = wire.get_message(tenant, key, 0, req_id)
+    target.send(host, wire.udp_frame(mac, SWITCH_MAC, ip, VIP, port, c.KVP_UDP_PORT, get))
+
+
+def _digests(target: InProcessRefTarget) -> list[tuple[int, ...]]:
+    rows: list[tuple[int, ...]] = []
+    while True:
+        try:
+            _name, data = target.client.digests.get(timeout=0.2)
+        except queue.Empty:
+            return rows
+        rows += [tuple(r) for r in data]
+
+
+def test_another_tenants_key_on_the_victims_report_cell_does_not_hide_the_victim(
+    target: InProcessRefTarget,
+) -> None:
+    victim = 0xD00D
+    attacker = _report_twin(HOT_TENANT, victim, ATTACKER_TENANT)
+    # The attacker makes its own key hot first: it is reported and marks the shared cell.
+    for n in range(HOT_THRESHOLD):
+        _miss_as(target, 1, ATTACKER_TENANT, attacker, req_id=100 + n)
+    assert _digests(target) == [(ATTACKER_TENANT, attacker, HOT_THRESHOLD)]
+    # The victim's key then reaches the threshold in the same window: it is reported all the
+    # same, once.
+    for n in range(HOT_THRESHOLD + 2):
+        _miss_as(target, 3, HOT_TENANT, victim, req_id=200 + n)
+    assert _digests(target) == [(HOT_TENANT, victim, HOT_THRESHOLD)]
+    assert _hot_reports(target) == 2
+
+
+def test_one_tenants_keys_on_one_report_cell_are_still_reported_once_per_window(
+    target: InProcessRefTarget,
+) -> None:
+    victim = 0xD00D
+    attacker = _report_twin(HOT_TENANT, victim, ATTACKER_TENANT)
+    for n in range(HOT_THRESHOLD):
+        _miss_as(target, 3, HOT_TENANT, victim, req_id=300 + n)
+    for n in range(HOT_THRESHOLD):
+        _miss_as(target, 1, ATTACKER_TENANT, attacker, req_id=400 + n)
+    # Back and forth on the shared cell: each is reported again after the other re-marked it,
+    # never more than once per miss of a key already past the threshold.
+    _miss_as(target, 3, HOT_TENANT, victim, req_id=500)
+    _miss_as(target, 3, HOT_TENANT, victim, req_id=501)
+    assert _digests(target) == [
+        (HOT_TENANT, victim, HOT_THRESHOLD),
+        (ATTACKER_TENANT, attacker, HOT_THRESHOLD),
+        (HOT_TENANT, victim, HOT_THRESHOLD + 1),
+    ]
