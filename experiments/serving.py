@@ -451,10 +451,12 @@ def run(
         pool = cluster.pools()[0]
         hosts = cluster.hosts()
         names = [h.name for h in hosts]
+        # The experiment programs its groups into the switch itself, per point (no controller
+        # serves them to the pool node): the switch's membership check guards them.
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
             "--local-hostname", pool.ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
-            "--mtu", str(spec.mtu),
+            "--mtu", str(spec.mtu), "--any-group",
         ]  # fmt: skip
         ready = r"poolnode listening .*master=(\S+)"
         with cluster.serve(pool.name, pool_cmd, ready, 180, cwd=REPO) as listening:

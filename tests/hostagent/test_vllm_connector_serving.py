@@ -25,6 +25,8 @@ from hostagent.vllm_connector import (  # noqa: E402
     LoadOptions,
 )
 from poolnode.backend import InMemoryBackend  # noqa: E402
+from poolnode.groups import StaticGroups  # noqa: E402
+from poolnode.server import PoolServer  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
 from tests.hostagent.test_vllm_connector import (  # noqa: E402
     BS,
@@ -136,7 +138,9 @@ def test_the_pool_is_asked_once_per_request_for_all_its_blocks(model_dir: Path) 
 def test_a_follower_engine_takes_the_leaders_multicast_stream(
     model_dir: Path,  # noqa: F811
     switch: RefSwitchBridge,  # noqa: F811
+    pool_server: PoolServer,  # noqa: F811
 ) -> None:
+    pool_server.handler.groups = StaticGroups({21})  # the pool node echoes only known groups
     producer, pid = produce(model_dir, switch, PROMPT)
     leader = engine_on_switch(model_dir, switch, host="leader")
     follower = engine_on_switch(model_dir, switch, host="follower")
