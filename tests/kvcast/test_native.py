@@ -333,13 +333,15 @@ def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int, 
     # gso, DATAs leave several per UDP GSO message (the last one of a range shorter); the
     # receiver must still get each DATA as its own datagram, byte for byte.
     from poolnode.backend import InMemoryBackend
+    from poolnode.groups import StaticGroups
     from poolnode.server import DataAnswer, KvpGetHandler
 
     assert native is not None
     chunk = os.urandom(end * c.FRAG_BYTES - 77)  # the last fragment is short
     backend = InMemoryBackend()
     backend.put(5, 0x1122334455667788, chunk)
-    handler = KvpGetHandler(backend, mtu=mtu, max_get_fragments=1024)
+    # The GET names group 3: the node echoes only groups it was told about.
+    handler = KvpGetHandler(backend, mtu=mtu, max_get_fragments=1024, groups=StaticGroups({3}))
     answer = handler.answer(
         get_message(5, 0x1122334455667788, first, req_id=99, group=3, count=end - first)
     )
