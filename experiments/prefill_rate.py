@@ -7,11 +7,17 @@ weights (the shape, not the weights, sets the time), prefilled at several prompt
 cached-prefix step: the prefix's KV copied from pinned host memory into the GPU (what a fetch
 ends with) and only the suffix computed. It prints one line per measurement and a JSON summary.
 
+With ``--load-tokens N`` it also times the connector's own copy path on the device: the KV of N
+tokens, in vLLM blocks of 16, copied chunk by chunk from pinned host memory into vLLM's paged
+per-layer caches with ``hostagent.layout.scatter_to_paged`` (what ``KvcastConnector`` does with
+every fetched chunk).
+
 Run: ``python -m experiments.prefill_rate --shape llama-3-8b --out results/prefill``.
 
 Functions:
     model_shape: the config of a named shape.
     measure: prefill and cached-prefix times for one shape.
+    measure_scatter: the connector's chunk-to-paged-cache copy for one shape.
     main: command line.
 """
 
@@ -134,6 +140,53 @@ def measure(
     return out
 
 
+def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[str, Any]:
+    """Times ``scatter_to_paged`` of ``tokens`` tokens of KV into paged caches on ``device``.
+
+    Returns:
+        ``{"shape", "tokens", "blocks", "bytes", "s", "gbps"}`` (median of ``repeats``).
+    """
+    import torch
+
+    from hostagent.layout import KVLayout, scatter_to_paged
+
+    cfg = SHAPES[shape]
+    block = 16
+    layout = KVLayout(
+        cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"], torch.bfloat16,
+        block_size=block,
+    )  # fmt: skip
+    blocks = tokens // block
+    caches = [
+        torch.zeros(
+            blocks,
+            cfg["num_key_value_heads"],
+            block,
+            2 * cfg["head_dim"],
+            dtype=torch.bfloat16,
+            device=device,
+        )  # fmt: skip
+        for _ in range(cfg["num_hidden_layers"])
+    ]
+    pin = device == "cuda"
+    chunks = [layout.alloc_chunk(pin=pin) for _ in range(4)]
+    for ch in chunks:
+        ch.copy_(torch.randint(0, 256, ch.shape, dtype=torch.uint8))
+
+    def run() -> None:
+        for b in range(blocks):
+            scatter_to_paged(layout, chunks[b % 4], caches, b, "bhnc", non_blocking=pin)
+
+    _timed(run, device, 1)
+    med = statistics.median(_timed(run, device, repeats))
+    nbytes = blocks * layout.chunk_bytes
+    out = {"shape": shape, "tokens": tokens, "blocks": blocks, "bytes": nbytes, "s": med,
+           "gbps": nbytes * 8 / med / 1e9}  # fmt: skip
+    print(f"scatter shape={shape} tokens={tokens} blocks={blocks} mib={nbytes / 2**20:.0f} "
+          f"s={med:.4f} gbps={out['gbps']:.1f}", flush=True)  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m experiments.prefill_rate``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -142,15 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", type=int, default=64, help="tokens computed on a cached prefix")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where present)")
+    p.add_argument("--load-tokens", type=int, default=0, help="also time scatter_to_paged")
     p.add_argument("--out", type=Path, default=Path("results/prefill"))
     args = p.parse_args(argv)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",") if x]
     results = []
     for s in args.shape or ["llama-3-8b"]:
-        results.append(measure(s, lengths, args.suffix, args.repeats, device))
+        if lengths:
+            results.append(measure(s, lengths, args.suffix, args.repeats, device))
+        if args.load_tokens:
+            results.append(measure_scatter(s, args.load_tokens, device, args.repeats))
         if device == "cuda":
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
