@@ -158,6 +158,8 @@ def _run(llm: Any, cmd: dict[str, Any], seq: int) -> dict[str, Any]:
             if out.finished:
                 final = out
     e2e = time.perf_counter() - t0
+    if worker is not None:  # the request's publishes (off its steps) land before the reply
+        worker.flush_saves(60.0)
     if final is None or ttft is None:
         raise RuntimeError(f"request {req_id} ended without output")
     after = worker_stats()

@@ -168,6 +168,8 @@ class ConnectorConfig:
         load_async: load between engine steps (the request waits in vLLM's
             ``WAITING_FOR_REMOTE_KVS``) instead of within the step that needs the KV.
         save: publish newly computed prompt blocks (only when the role produces KV).
+        save_async: publish them on a saver thread, off the engine step's critical path (the
+            blocks are copied out within the step either way).
         fetch: keyword arguments of ``FetchClient`` (``timeout_s``, ``deadline_s``, ``window``,
             ``max_retries``, ``frags_per_get``, ``nocache``, ``group``).
         bind: the fetch client's local address (``"host:port"``); an engine that takes part in
@@ -190,6 +192,7 @@ class ConnectorConfig:
     host: str = ""
     load_async: bool = False
     save: bool = True
+    save_async: bool = True
     fetch: Mapping[str, Any] = field(default_factory=dict)
     bind: Address | None = None
     follow_stall_s: float = 0.5
@@ -226,6 +229,7 @@ class ConnectorConfig:
             host=str(extra.get("host") or socket.gethostname()),
             load_async=bool(extra.get("load_async", False)),
             save=bool(extra.get("save", True)),
+            save_async=bool(extra.get("save_async", True)),
             fetch=dict(extra.get("fetch") or {}),
             bind=_address(extra.get("bind"), "bind"),
             follow_stall_s=float(extra.get("follow_stall_s", 0.5)),
@@ -507,6 +511,8 @@ class KvcastConnector(KVConnectorBase_V1):
         self._paged: PagedLayout = "bhnc"
         self._producers: dict[int, Producer] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._saver: ThreadPoolExecutor | None = None
+        self._pending_saves: list[Future[None]] = []
         self._sync_job: _LoadJob | None = None
         self._async_jobs: list[_LoadJob] = []
         self._load_errors: set[int] = set()
@@ -533,10 +539,14 @@ class KvcastConnector(KVConnectorBase_V1):
             return self._backend
 
     def shutdown(self) -> None:
-        """Waits for the loader thread, closes the fetch client, the reporter and the pool."""
+        """Waits for the loader and saver threads, closes the fetch client, reporter and pool."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._saver is not None:
+            self._saver.shutdown(wait=True)
+            self._saver = None
+            self._pending_saves = []
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -976,7 +986,13 @@ class KvcastConnector(KVConnectorBase_V1):
         """Nothing per layer: a chunk holds every layer, so ``wait_for_save`` publishes it."""
 
     def wait_for_save(self) -> None:
-        """Publishes the step's newly full prompt blocks into the pool and reports them."""
+        """Copies the step's newly full prompt blocks out of the KV cache and publishes them.
+
+        The copy is made here, within the step (the engine may reuse the blocks afterwards);
+        the publish (the pool's batched put and the ``"stored"`` records) runs on the saver
+        thread, off the step's critical path, unless ``save_async`` is off. ``flush_saves``
+        waits for what is queued.
+        """
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcastConnectorMetadata)
         if not meta.saves or self._layout is None:
@@ -992,15 +1008,49 @@ class KvcastConnector(KVConnectorBase_V1):
                 chunk = layout.alloc_chunk()
                 gather_from_paged(layout, self._caches, block_id, chunk, self._paged)
                 chunks.append(chunk)
-            report = self._producer(save.tenant).publish_keyed(ckeys, chunks, save.first)
             self.saved.extend((save.tenant, k.key) for k in ckeys[save.first :])
-            if not report.ok:
-                _LOG.info(
-                    "kvcast: %d chunks of %s not published: %s",
-                    report.failed,
-                    save.req_id,
-                    report.error,
+            if not self.config.save_async:
+                self._publish(save.tenant, save.req_id, ckeys, chunks, save.first)
+                continue
+            if self._saver is None:
+                self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvcast-save")
+            self._pending_saves.append(
+                self._saver.submit(
+                    self._publish, save.tenant, save.req_id, ckeys, chunks, save.first
                 )
+            )
+        self._pending_saves = [f for f in self._pending_saves if not f.done()]
+
+    def _publish(
+        self,
+        tenant: int,
+        req_id: str,
+        ckeys: list[ChunkKey],
+        chunks: list[torch.Tensor],
+        first: int,
+    ) -> None:
+        """One request's blocks into the pool (the producer path); failures are logged."""
+        try:
+            report = self._producer(tenant).publish_keyed(ckeys, chunks, first)
+        except Exception:  # a save that fails costs reuse, never the engine
+            _LOG.exception("kvcast: publishing %d chunks of %s raised", len(chunks), req_id)
+            return
+        if not report.ok:
+            _LOG.info(
+                "kvcast: %d chunks of %s not published: %s", report.failed, req_id, report.error
+            )
+
+    def flush_saves(self, timeout_s: float | None = None) -> bool:
+        """Waits for the queued publishes; returns whether all ended within ``timeout_s``."""
+        pending, self._pending_saves = self._pending_saves, []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for f in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                f.result(timeout=left)
+            except TimeoutError:
+                self._pending_saves.append(f)
+        return not self._pending_saves
 
     def _producer(self, tenant: int) -> Producer:
         producer = self._producers.get(tenant)

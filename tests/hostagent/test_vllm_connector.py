@@ -203,6 +203,7 @@ class Engine:
         for name in self.caches:
             self.worker.wait_for_layer_load(name)
         self.worker.wait_for_save()
+        assert self.worker.flush_saves(10.0)  # publishes run off the step: the tests wait
         errors = self.worker.get_block_ids_with_load_errors()
         self.worker.clear_connector_metadata()
         return errors

@@ -6,6 +6,7 @@ chunks travel through the real pool-node server and the reference switch pipelin
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,46 @@ def test_a_dead_pool_turns_the_load_into_recompute_and_the_engine_goes_on(
     assert meta_of(consumer.scheduler.schedule()).loads == []
     producer.close()
     consumer.close()
+
+
+class SlowPool(InMemoryBackend):
+    """A pool whose puts wait until ``release`` is set (a slow or congested pool node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def put_many(self, items: Any) -> None:
+        items = list(items)
+        assert self.release.wait(10.0)
+        super().put_many(items)
+
+
+def test_saves_run_off_the_step_and_land_once_flushed(model_dir: Path) -> None:  # noqa: F811
+    backend = CURRENT["backend"] = SlowPool()
+    eng = Engine(model_dir, {"service": "127.0.0.1:9"})
+    add(eng, "p", PROMPT, None)
+    out = eng.scheduler.schedule()
+    assert [s.first for s in meta_of(out).saves] == [0]
+    eng.worker.bind_connector_metadata(meta_of(out))
+    eng.worker.wait_for_save()  # returns while the pool still holds the put back
+    eng.worker.clear_connector_metadata()
+    keys = hashes(PROMPT)
+    assert [k for _, k in eng.worker.saved] == keys
+    assert not any(backend.contains(TENANT, k) for k in keys)
+    assert not eng.worker.flush_saves(0.05)  # still queued
+    backend.release.set()
+    assert eng.worker.flush_saves(10.0)
+    assert all(backend.contains(TENANT, k) for k in keys)
+    eng.close()
+
+
+def test_synchronous_saves_land_within_the_step(model_dir: Path) -> None:  # noqa: F811
+    eng = Engine(model_dir, {"service": "127.0.0.1:9", "save_async": False})
+    add(eng, "p", PROMPT, None)
+    out = eng.scheduler.schedule()
+    eng.worker.bind_connector_metadata(meta_of(out))
+    eng.worker.wait_for_save()
+    eng.worker.clear_connector_metadata()
+    assert all(CURRENT["backend"].contains(TENANT, k) for k in hashes(PROMPT))
+    eng.close()
