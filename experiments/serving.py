@@ -405,6 +405,7 @@ def run(
     progress: Callable[[str], None] = print,
     switch_cls: Any = None,
     corrupt_check: bool = False,
+    dead_pool_check: bool = False,
 ) -> dict[str, Any]:
     """The whole sweep on one emulated cluster.
 
@@ -418,6 +419,10 @@ def run(
             target).
         corrupt_check: at the end, with MAC keys on, corrupt one chunk of a published prefix
             in the pool and check that the engine recomputes from it with the same output.
+        dead_pool_check: last, kill the pool node (and its Mooncake master) after a prefix was
+            published, then send every engine a request for it: each must compute it with the
+            right output, and the time it took beyond a plain prefill is what the dead pool
+            stalled it.
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -494,6 +499,9 @@ def run(
                     if corrupt_check:
                         result["corrupt"] = _corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
+                    if dead_pool_check:
+                        result["dead_pool"] = _dead_pool_check(engines, plan, pool.ip)
+                        progress(f"dead pool check: {result['dead_pool']}")
                 except EngineError as exc:
                     # The points measured so far still reach the CSVs; the error says where.
                     result["error"] = str(exc)[:2000]
@@ -651,6 +659,58 @@ def _sweep(
                     )
 
 
+def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, Any]:
+    """The pool node dies after publishing: every engine computes, right, and how much later.
+
+    Host 1 publishes a prefix; the pool node is killed (SIGKILL: its Mooncake master, started
+    by it, dies with it); every engine drops its own cache and gets the prompt, once asking the
+    connector to load (the pool's existence check and GETs now fail) and once not (a plain
+    prefill); then a request that needs no pool, to show the engine still serves.
+    """
+    names = engines.names
+    rnd = random.Random(plan.seed - 11)
+    prompt = _tokens(rnd, plan.prefix + plan.suffix)
+    ref = engines.ask(
+        {names[0]: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
+                    "max_tokens": plan.max_tokens}}
+    )[names[0]]  # fmt: skip
+    killed = subprocess.run(
+        [
+            "pkill",
+            "-KILL",
+            "-f",
+            f"poolnode --backend mooncake --start-master --local-hostname {pool_ip} ",
+        ],
+        capture_output=True,
+    ).returncode
+    time.sleep(1.0)
+    out: dict[str, Any] = {"pool_killed": killed == 0}
+    for label, opts in (("through_connector", {"save": False}),
+                        ("plain_prefill", {"load": False, "save": False})):  # fmt: skip
+        engines.ask({n: {"cmd": "reset"} for n in names})
+        start_at = time.time() + 1.0
+        recs = engines.ask(
+            {n: {"cmd": "run", "prompt": prompt, "kvcast": opts, "max_tokens": plan.max_tokens,
+                 "start_at": start_at} for n in names}, timeout_s=600,
+        )  # fmt: skip
+        out[label] = {
+            "ttft_last_ms": round(max(r["ttft_s"] for r in recs.values()) * 1e3, 1),
+            "loaded_tokens": sum(int(r["connector"].get("chunks_loaded", 0)) * 32
+                                 for r in recs.values()),
+            "computed_tokens": min(r["computed_tokens"] for r in recs.values()),
+            "same_output": all(r["tokens"] == ref["tokens"] for r in recs.values()),
+        }  # fmt: skip
+    after = engines.ask(
+        {n: {"cmd": "run", "prompt": _tokens(rnd, 64), "kvcast": {"load": False, "save": False},
+             "max_tokens": 2} for n in names}
+    )  # fmt: skip
+    out["engines_serve_after"] = all(len(r["tokens"]) == 2 for r in after.values())
+    out["stall_ms"] = round(
+        out["through_connector"]["ttft_last_ms"] - out["plain_prefill"]["ttft_last_ms"], 1
+    )
+    return out
+
+
 def _corrupt_check(engines: Engines, plan: Plan) -> dict[str, Any]:
     """A chunk whose pool copy went bad (MAC keys on): the engine recomputes, same output.
 
@@ -802,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--model", type=Path, help="model directory (default: OUT/model, made)")
     p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
+    p.add_argument("--dead-pool-check", action="store_true", help="last, the pool node killed")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
@@ -826,7 +887,10 @@ def main(argv: list[str] | None = None) -> int:
         prefix=args.prefix,
         suffix=args.suffix,
     )
-    res = run(plan, model, mbit, args.out, corrupt_check=args.corrupt_check)
+    res = run(
+        plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
+        dead_pool_check=args.dead_pool_check,
+    )  # fmt: skip
     if res.get("error"):
         print(f"error: {res['error']}", flush=True)
     summary = summarize(res["points"], res["rows"])
@@ -834,7 +898,8 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(args.out / "summary.csv", summary)
     meta = {**res["setup"], "prefill_us_per_token": us, "deployment": DEPLOYMENT.__dict__,
             "ratio": DEPLOYMENT.ratio, "shape": EMU_SHAPE, "plan": plan.__dict__,
-            "corrupt": res.get("corrupt"), "elapsed_s": res["elapsed_s"],
+            "corrupt": res.get("corrupt"), "dead_pool": res.get("dead_pool"),
+            "elapsed_s": res["elapsed_s"],
             "error": res.get("error")}  # fmt: skip
     (args.out / "setup.json").write_text(json.dumps(meta, indent=1, default=str))
     title = (f"{max(plan.ns)} vLLM engines (CPU), {plan.prefix}-token shared prefix, links "
@@ -843,6 +908,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(summary))
     if res.get("corrupt"):
         print(f"corrupted chunk: {res['corrupt']}")
+    if res.get("dead_pool"):
+        print(f"dead pool: {res['dead_pool']}")
     print(f"wrote {args.out}/engines.csv, summary.csv, setup.json, ttft.png "
           f"({res['elapsed_s']:.0f} s)")  # fmt: skip
     return 1 if res.get("error") else 0

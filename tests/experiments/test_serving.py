@@ -12,7 +12,9 @@ Checked (bytes, tokens and counters, which the modes fix exactly; no times):
 - the pool sends the prefix once per engine by unicast, once in all with multicast, not at all
   from SRAM, where the leader's fragments all come from the switch;
 - a chunk whose pool copy went bad (MAC keys on) is recomputed from that block on, with the
-  same output.
+  same output;
+- with the pool node and its Mooncake master killed after publishing, every engine computes
+  the whole prompt with the right output, and serves on.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )  # fmt: skip
     got: dict[str, Any] = run(
         plan, model, 200.0, out, progress=lambda _s: None, switch_cls=RefSwitch,
-        corrupt_check=True,
+        corrupt_check=True, dead_pool_check=True,
     )  # fmt: skip
     return got
 
@@ -118,3 +120,13 @@ def test_the_experiment_names_its_setup(result: dict, tmp_path: Path) -> None:
     assert "TTFT p50 ms" in format_table(summary)
     plot(summary, tmp_path / "ttft.png", "test")
     assert (tmp_path / "ttft.png").stat().st_size > 1000
+
+
+def test_a_dead_pool_turns_into_recompute_and_the_engines_serve_on(result: dict) -> None:
+    got = result["dead_pool"]
+    assert got["pool_killed"] is True
+    through = got["through_connector"]
+    assert through["same_output"] is True and through["loaded_tokens"] == 0
+    assert through["computed_tokens"] == PREFIX + SUFFIX
+    assert got["plain_prefill"]["same_output"] is True
+    assert got["engines_serve_after"] is True
