@@ -10,7 +10,7 @@ Modules:
     ports: ``AGENT_PORT``, importable without torch.
     synthetic: deterministic synthetic chunks shared by pool preload and agent verification.
     bench: loopback throughput of the fetch client against the pool-node server.
-    vllm_connector: ``KvcastConnector``, a vLLM 0.33 KV connector (loads prefix KV through the
+    vllm_connector: ``KvcastConnector``, a vLLM 0.32 KV connector (loads prefix KV through the
         fetch client, publishes computed blocks through the producer path).
     vllm_events: vLLM's KV cache events (ZMQ) into the controller's access records.
 """

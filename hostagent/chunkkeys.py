@@ -15,8 +15,8 @@ block with the same bytes:
 * ``extra_keys`` is ``None`` unless the request has extra keys; kvcast supports the two that are
   not multimodal: the LoRA name (on every block) and the cache salt (first block only), in vLLM's
   order ``lora + mm + cache_salt + prompt_embeds``. A tenant's salt is vLLM's ``cache_salt``.
-  Up to vLLM 0.32 they are bare values (``"name"``, ``"salt"``); vLLM 0.33 tags each with its
-  source (``("lora", name, path)``, ``("cache_salt", salt)``): ``tagged_extra_keys=True``.
+  Older vLLM releases hash them bare (``"name"``, ``"salt"``); vLLM 0.32 and 0.33 tag each with
+  its source (``("lora", name, path)``, ``("cache_salt", salt)``): ``tagged_extra_keys=True``.
 
 The 64-bit wire key is the low 64 bits of the 32-byte digest read as a big-endian integer, i.e.
 digest bytes ``[24:32]`` in order, exactly as vLLM's ``maybe_convert_block_hash`` derives its
@@ -141,8 +141,9 @@ class ChunkKeyer:
             adds no extra key, as in vLLM.
         lora_name: the LoRA adapter name when the engine serves one (an extra key of every
             block in vLLM); ``None`` for the base model.
-        tagged_extra_keys: hash the extra keys as vLLM 0.33 does, tagged with their source
-            (``("cache_salt", salt)``, ``("lora", name, path)``); False: bare, as before 0.33.
+        tagged_extra_keys: hash the extra keys as vLLM 0.32 and 0.33 do, tagged with their
+            source (``("cache_salt", salt)``, ``("lora", name, path)``); False: bare, as older
+            releases did.
         lora_path: the LoRA adapter's path (part of the tagged LoRA key).
 
     Raises:
