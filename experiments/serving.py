@@ -281,6 +281,32 @@ class Engines:
                 raise EngineError(f"engine {name}: {rec['error']}")
         return out
 
+    def send(self, name: str, cmd: dict[str, Any]) -> None:
+        """Sends one command to an engine without waiting for its answer."""
+        stdin = self.procs[name].stdin
+        assert stdin is not None
+        stdin.write(json.dumps(cmd) + "\n")
+        stdin.flush()
+
+    def wait_any(self, names: Sequence[str], timeout_s: float) -> list[tuple[str, dict[str, Any]]]:
+        """The answers of those of ``names`` that answer first (at least one).
+
+        Raises:
+            EngineError: none answered in time, one died, or one answered with an error.
+        """
+        streams: dict[Any, str] = {self.procs[n].stdout: n for n in names}
+        ready, _, _ = select.select(list(streams), [], [], timeout_s)
+        if not ready:
+            raise EngineError(f"no answer from {sorted(names)} in {timeout_s:.0f} s")
+        out = []
+        for stream in ready:
+            name = streams[stream]
+            rec = self._read(name, time.monotonic() + timeout_s)
+            if "error" in rec:
+                raise EngineError(f"engine {name}: {rec['error']}")
+            out.append((name, rec))
+        return out
+
     def close(self) -> None:
         """Asks every engine to quit, then ends those that do not."""
         for proc in self.procs.values():
@@ -397,6 +423,155 @@ class Plan:
     seed: int = 20261127
 
 
+@dataclass
+class TracePlan:
+    """Requests from a Mooncake-format trace, replayed on the engines at their arrival times.
+
+    Attributes:
+        path: the trace (``data/traces/conversation_trace.jsonl``: timestamp in ms, hash_ids).
+        requests: how many of its first requests.
+        max_blocks: a request's blocks are cut to this many (CPU engines' prefill time).
+        speed: arrival times divided by this.
+        seed: the tokens' seed.
+    """
+
+    path: Path = REPO / "data" / "traces" / "conversation_trace.jsonl"
+    requests: int = 30
+    max_blocks: int = 24
+    speed: float = 1.0
+    seed: int = 7
+
+
+TRACE_MODES = ("trace-pool", "trace-local")
+"""With the connector (every request's new blocks published, earlier ones loaded through the
+switch) and without (each engine's own prefix cache only); the pool mode runs first."""
+
+
+def trace_requests(trace: TracePlan, suffix: int) -> list[tuple[float, list[int]]]:
+    """``(arrival s, prompt tokens)`` of the trace's first requests.
+
+    Each trace block (one ``hash_id``) becomes one vLLM block of 32 tokens drawn from a
+    generator seeded by the hash id, so requests that share hash ids share token prefixes;
+    each prompt ends with ``suffix`` tokens of its own.
+    """
+    out = []
+    with trace.path.open() as f:
+        for i, line in enumerate(f):
+            if i >= trace.requests:
+                break
+            rec = json.loads(line)
+            tokens: list[int] = []
+            for h in rec["hash_ids"][: trace.max_blocks]:
+                tokens += _tokens(random.Random((trace.seed << 40) ^ int(h)), 32)
+            tokens += _tokens(random.Random((trace.seed << 40) ^ (1 << 39) ^ i), suffix)
+            out.append((float(rec["timestamp"]) / 1e3 / trace.speed, tokens))
+    return out
+
+
+def _replay(
+    engines: Engines, trace: TracePlan, plan: Plan, progress: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Replays the trace once per ``TRACE_MODES`` mode; one row per request and mode."""
+    reqs = trace_requests(trace, plan.suffix)
+    names = engines.names
+    rows: list[dict[str, Any]] = []
+    for mode in TRACE_MODES:
+        opts = {"save": True} if mode == "trace-pool" else {"load": False, "save": False}
+        engines.ask({n: {"cmd": "reset"} for n in names})
+        done = _replay_mode(engines, reqs, mode, opts)
+        rows += done
+        progress(
+            f"{mode}: {len(done)} requests, TTFT from arrival p50 "
+            f"{statistics.median(r['ttft_from_arrival_s'] for r in done) * 1e3:.0f} ms, "
+            f"computed {sum(r['computed_tokens'] for r in done)} tokens, "
+            f"loaded {sum(r['loaded_tokens'] for r in done)}"
+        )
+    by_req: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_req.setdefault(r["request"], []).append(r)
+    for r in rows:
+        both = by_req[r["request"]]
+        r["same_across_modes"] = len({b["tokens"] for b in both}) == 1
+        r["first_token_same"] = len({b["tokens"].split()[0] for b in both}) == 1
+        r["first_logprob_diff"] = max(b["first_logprob"] for b in both) - min(
+            b["first_logprob"] for b in both
+        )
+    return rows
+
+
+def _replay_mode(
+    engines: Engines, reqs: Sequence[tuple[float, list[int]]], mode: str, opts: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One replay of the trace's requests, one row per request.
+
+    Request j goes to engine ``j mod N`` at its arrival, or when that engine is free (the wait
+    is counted in ``queued_s`` and in the TTFT from arrival).
+    """
+    names = engines.names
+    queues: dict[str, list[int]] = {n: [] for n in names}
+    for j in range(len(reqs)):
+        queues[names[j % len(names)]].append(j)
+    t0 = time.time() + 2.0
+    busy: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+
+    def start(name: str) -> None:
+        if queues[name]:
+            j = queues[name].pop(0)
+            busy[name] = j
+            engines.send(name, {"cmd": "run", "prompt": reqs[j][1], "kvcast": opts,
+                                "max_tokens": 4, "start_at": t0 + reqs[j][0]})  # fmt: skip
+
+    for name in names:
+        start(name)
+    while busy:
+        for name, r in engines.wait_any(list(busy), 600):
+            j = busy.pop(name)
+            arrival = t0 + reqs[j][0]
+            rows.append({
+                "mode": mode, "request": j, "host": name,
+                "arrival_s": round(reqs[j][0], 3),
+                "queued_s": round(max(0.0, r["started"] - arrival), 4),
+                "ttft_s": round(r["ttft_s"], 5),
+                "ttft_from_arrival_s": round(r["started"] - arrival + r["ttft_s"], 5),
+                "prompt_tokens": r["prompt_tokens"],
+                "loaded_tokens": int(r["connector"].get("chunks_loaded", 0)) * 32,
+                "computed_tokens": r["computed_tokens"],
+                "tokens": " ".join(map(str, r["tokens"])),
+                "first_logprob": r["first_logprob"],
+            })  # fmt: skip
+            start(name)
+    return rows
+
+
+def trace_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace mode: TTFT from arrival (p50, p90, max), tokens computed and loaded.
+
+    ``outputs_equal`` and ``first_tokens_equal`` count the requests whose greedy outputs (all of
+    them, or the first token) are the same in both modes; ``max_first_logprob_diff`` is the
+    largest difference of the first token's log-probability between them.
+    """
+    out = []
+    for mode in TRACE_MODES:
+        rs = [r for r in rows if r["mode"] == mode]
+        if not rs:
+            continue
+        t = sorted(r["ttft_from_arrival_s"] for r in rs)
+        out.append({
+            "mode": mode, "requests": len(rs),
+            "ttft_p50_ms": round(statistics.median(t) * 1e3, 1),
+            "ttft_p90_ms": round(t[min(len(t) - 1, int(0.9 * len(t)))] * 1e3, 1),
+            "ttft_max_ms": round(t[-1] * 1e3, 1),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in rs),
+            "computed_tokens": sum(r["computed_tokens"] for r in rs),
+            "loaded_tokens": sum(r["loaded_tokens"] for r in rs),
+            "outputs_equal": sum(r["same_across_modes"] for r in rs),
+            "first_tokens_equal": sum(r["first_token_same"] for r in rs),
+            "max_first_logprob_diff": round(max(r["first_logprob_diff"] for r in rs), 5),
+        })  # fmt: skip
+    return out
+
+
 def run(
     plan: Plan,
     model: Path,
@@ -406,6 +581,7 @@ def run(
     switch_cls: Any = None,
     corrupt_check: bool = False,
     dead_pool_check: bool = False,
+    trace: TracePlan | None = None,
 ) -> dict[str, Any]:
     """The whole sweep on one emulated cluster.
 
@@ -423,6 +599,7 @@ def run(
             published, then send every engine a request for it: each must compute it with the
             right output, and the time it took beyond a plain prefill is what the dead pool
             stalled it.
+        trace: also replay a trace's first requests (``TRACE_MODES``), after the sweep.
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -496,6 +673,8 @@ def run(
                 }
                 try:
                     _sweep(cluster, engines, plan, rows, points, progress)
+                    if trace is not None:
+                        result["trace"] = _replay(engines, trace, plan, progress)
                     if corrupt_check:
                         result["corrupt"] = _corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
@@ -863,6 +1042,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, help="model directory (default: OUT/model, made)")
     p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
     p.add_argument("--dead-pool-check", action="store_true", help="last, the pool node killed")
+    p.add_argument("--trace", type=Path, help="also replay this trace's first requests")
+    p.add_argument("--trace-requests", type=int, default=30)
+    p.add_argument("--trace-speed", type=float, default=1.0, help="arrival times / SPEED")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
@@ -887,9 +1069,12 @@ def main(argv: list[str] | None = None) -> int:
         prefix=args.prefix,
         suffix=args.suffix,
     )
+    trace = (
+        TracePlan(args.trace, args.trace_requests, speed=args.trace_speed) if args.trace else None
+    )
     res = run(
         plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
-        dead_pool_check=args.dead_pool_check,
+        dead_pool_check=args.dead_pool_check, trace=trace,
     )  # fmt: skip
     if res.get("error"):
         print(f"error: {res['error']}", flush=True)
@@ -906,6 +1091,12 @@ def main(argv: list[str] | None = None) -> int:
              f"{mbit:.0f} Mbit/s ({res['setup']['switch']})")  # fmt: skip
     plot(summary, args.out / "ttft.png", title)
     print(format_table(summary))
+    if res.get("trace"):
+        write_csv(args.out / "trace.csv", res["trace"])
+        tsum = trace_summary(res["trace"])
+        write_csv(args.out / "trace_summary.csv", tsum)
+        for row in tsum:
+            print("trace " + " ".join(f"{k}={v}" for k, v in row.items()))
     if res.get("corrupt"):
         print(f"corrupted chunk: {res['corrupt']}")
     if res.get("dead_pool"):
