@@ -73,6 +73,7 @@ from typing import Any
 
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
 from experiments.output import pyplot, write_csv
+from experiments.serving_engine import BLOCK_SIZE
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 
@@ -270,10 +271,7 @@ class Engines:
             EngineError: an engine died, did not answer in time, or answered with an error.
         """
         for name, cmd in commands.items():
-            stdin = self.procs[name].stdin
-            assert stdin is not None
-            stdin.write(json.dumps(cmd) + "\n")
-            stdin.flush()
+            self.send(name, cmd)
         deadline = time.monotonic() + timeout_s
         out = {name: self._read(name, deadline) for name in commands}
         for name, rec in out.items():
@@ -462,7 +460,7 @@ def trace_requests(trace: TracePlan, suffix: int) -> list[tuple[float, list[int]
             rec = json.loads(line)
             tokens: list[int] = []
             for h in rec["hash_ids"][: trace.max_blocks]:
-                tokens += _tokens(random.Random((trace.seed << 40) ^ int(h)), 32)
+                tokens += _tokens(random.Random((trace.seed << 40) ^ int(h)), BLOCK_SIZE)
             tokens += _tokens(random.Random((trace.seed << 40) ^ (1 << 39) ^ i), suffix)
             out.append((float(rec["timestamp"]) / 1e3 / trace.speed, tokens))
     return out
@@ -535,7 +533,7 @@ def _replay_mode(
                 "ttft_s": round(r["ttft_s"], 5),
                 "ttft_from_arrival_s": round(r["started"] - arrival + r["ttft_s"], 5),
                 "prompt_tokens": r["prompt_tokens"],
-                "loaded_tokens": int(r["connector"].get("chunks_loaded", 0)) * 32,
+                "loaded_tokens": r["loaded_tokens"],
                 "computed_tokens": r["computed_tokens"],
                 "tokens": " ".join(map(str, r["tokens"])),
                 "first_logprob": r["first_logprob"],
@@ -752,7 +750,7 @@ def _sweep(
                                 "max_tokens": 1}}
                 )[names[0]]  # fmt: skip
                 keys: list[tuple[int, int]] = [tuple(k) for k in rec["saved"]]  # type: ignore[misc]
-                keys = keys[: plan.prefix // 32]
+                keys = keys[: plan.prefix // BLOCK_SIZE]
                 chunk_file = Path(tmp) / "chunks.bin"
                 engines.ask({names[0]: {"cmd": "read", "keys": keys, "path": str(chunk_file)}})
                 blob = chunk_file.read_bytes()
@@ -808,7 +806,7 @@ def _sweep(
                             "ttft_s": round(r["ttft_s"], 5), "e2e_s": round(r["e2e_s"], 5),
                             "skew_s": round(r["started"] - start_at, 5),
                             "prompt_tokens": r["prompt_tokens"],
-                            "loaded_tokens": int(conn.get("chunks_loaded", 0)) * 32,
+                            "loaded_tokens": r["loaded_tokens"],
                             "computed_tokens": r["computed_tokens"],
                             "frags_hit": int(conn.get("frags_hit", 0)),
                             "frags_pool": int(conn.get("frags_pool", 0)),
@@ -874,8 +872,7 @@ def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, An
         )  # fmt: skip
         out[label] = {
             "ttft_last_ms": round(max(r["ttft_s"] for r in recs.values()) * 1e3, 1),
-            "loaded_tokens": sum(int(r["connector"].get("chunks_loaded", 0)) * 32
-                                 for r in recs.values()),
+            "loaded_tokens": sum(r["loaded_tokens"] for r in recs.values()),
             "computed_tokens": min(r["computed_tokens"] for r in recs.values()),
             "same_output": all(r["tokens"] == ref["tokens"] for r in recs.values()),
         }  # fmt: skip
@@ -922,7 +919,7 @@ def _corrupt_check(engines: Engines, plan: Plan) -> dict[str, Any]:
     conn = got["connector"]
     return {
         "corrupted_block": 3,
-        "loaded_tokens": int(conn.get("chunks_loaded", 0)) * 32,
+        "loaded_tokens": got["loaded_tokens"],
         "computed_tokens": got["computed_tokens"],
         "chunks_failed": int(conn.get("chunks_failed", 0)),
         "same_output": got["tokens"] == ref["tokens"],
@@ -1048,8 +1045,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
-    if bad or args.prefix % 32:
-        p.error(f"unknown modes {bad}" if bad else "--prefix must be a multiple of 32")
+    if bad or args.prefix % BLOCK_SIZE:
+        p.error(f"unknown modes {bad}" if bad else f"--prefix must be a multiple of {BLOCK_SIZE}")
     if os.geteuid() != 0:
         p.error("needs root (Mininet)")
     args.out.mkdir(parents=True, exist_ok=True)

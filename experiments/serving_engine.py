@@ -182,6 +182,7 @@ def _run(llm: Any, cmd: dict[str, Any], seq: int) -> dict[str, Any]:
         "prompt_tokens": len(prompt),
         "cached_tokens": cached,
         "computed_tokens": len(prompt) - cached + failed_tokens,
+        "loaded_tokens": int(loaded.get("chunks_loaded", 0)) * BLOCK_SIZE,
         "connector": loaded,
         # (tenant, key) of the prompt blocks this request handed the pool, in order.
         "saved": [list(k) for k in worker.saved[saved_before:]] if worker is not None else [],
@@ -197,10 +198,15 @@ def _reset(llm: Any) -> dict[str, Any]:
     return {"reset": ok, "dropped": dropped}
 
 
-def _read(cmd: dict[str, Any]) -> dict[str, Any]:
+def _required_worker() -> Any:
     worker = _connector_worker()
     if worker is None:
         raise RuntimeError("no kvcast connector in this engine")
+    return worker
+
+
+def _read(cmd: dict[str, Any]) -> dict[str, Any]:
+    worker = _required_worker()
     sizes = []
     with open(cmd["path"], "wb") as f:
         for tenant, key in cmd["keys"]:
@@ -213,9 +219,7 @@ def _read(cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def _corrupt(cmd: dict[str, Any]) -> dict[str, Any]:
-    worker = _connector_worker()
-    if worker is None:
-        raise RuntimeError("no kvcast connector in this engine")
+    worker = _required_worker()
     tenant, key = int(cmd["tenant"]), int(cmd["key"])
     data = Path(cmd["path"]).read_bytes()
     worker.backend.delete(tenant, key)

@@ -391,10 +391,9 @@ class KvcastConnectorMetadata(KVConnectorMetadata):
 
 @dataclass(slots=True)
 class _Lookup:
-    """A request's last answer: the local hit it was asked after, and its options."""
+    """A request's last answer: the local hit it was asked after."""
 
     local_tokens: int
-    options: LoadOptions
 
 
 @dataclass(slots=True)
@@ -593,7 +592,7 @@ class KvcastConnector(KVConnectorBase_V1):
             held = self._held_many(tenant, [wire_key(h) for h in hashes[first:limit]])
             while hit < limit and held[hit - first]:
                 hit += 1
-        self._lookups[request.request_id] = _Lookup(num_computed_tokens, options)
+        self._lookups[request.request_id] = _Lookup(num_computed_tokens)
         self._options[request.request_id] = options
         self._requests[request.request_id] = request
         if hit == first:
