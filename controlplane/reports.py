@@ -53,6 +53,7 @@ Functions:
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -536,7 +537,9 @@ class ReportClient:
                 return reply.status, _json_or_text(reply.read())
         except urllib.error.HTTPError as exc:
             return exc.code, _json_or_text(exc.read())
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            # HTTPException: a server that died in the middle of its reply (IncompleteRead,
+            # BadStatusLine) is a transport failure too, never an exception in the caller.
             reason = getattr(exc, "reason", exc)
             return 0, {"error": f"{method} {self._base}{path}: {reason}"}
 

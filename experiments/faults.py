@@ -367,6 +367,7 @@ def run_restarts(
                 pool_backend="mooncake" if component == "master" else "memory",
             )
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error
+            progress(f"  {what}: run failed: {exc!r}")
             rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
             continue
         run = results["cache-on"]
@@ -446,6 +447,7 @@ def run_trace_faults(
                 progress=lambda s: progress(f"  {s}"),
             )
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error
+            progress(f"  {fault}: run failed: {exc!r}")
             rows.append({**row, "error": f"run failed: {exc!r}"})
             continue
         run = results["cache-on"]

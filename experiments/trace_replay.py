@@ -63,6 +63,7 @@ Functions:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import json
@@ -633,9 +634,16 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _read_lines(stream: Any, sink: queue.Queue[tuple[str, str]], tag: str) -> None:
+def _read_lines(
+    stream: Any,
+    sink: queue.Queue[tuple[str, str]],
+    tag: str,
+    tail: collections.deque[str] | None = None,
+) -> None:
     for line in iter(stream.readline, ""):
         sink.put((tag, line))
+        if tail is not None:
+            tail.append(line)
     sink.put((tag, ""))
 
 
@@ -1136,6 +1144,7 @@ def run_replay(
     lines: queue.Queue[tuple[str, str]] = queue.Queue()
     with _controller(config, run_dir, report_port) as daemon, contextlib.ExitStack() as stack:
         agents: dict[str, subprocess.Popen[str]] = {}
+        err_tails: dict[str, collections.deque[str]] = {}
         for h in hosts:
             cmd = [
                 sys.executable, "-m", "experiments.trace_replay", "agent",
@@ -1155,9 +1164,13 @@ def run_replay(
                 )
             )
             agents[h.name] = proc
+            err_tails[h.name] = collections.deque(maxlen=20)
             for tag, stream in (("out", proc.stdout), ("err", proc.stderr)):
+                tail = err_tails[h.name] if tag == "err" else None
                 threading.Thread(
-                    target=_read_lines, args=(stream, lines, f"{h.name}:{tag}"), daemon=True
+                    target=_read_lines,
+                    args=(stream, lines, f"{h.name}:{tag}", tail),
+                    daemon=True,
                 ).start()
         ready: set[str] = set()
         deadline = time.monotonic() + 120
@@ -1204,10 +1217,16 @@ def run_replay(
                 "fetch": [f"{k:#x}" for k in req.fetch],
                 "computed": [f"{k:#x}" for k in req.computed],
             }
-            stdin = agents[hosts[req.host].name].stdin
+            agent = hosts[req.host].name
+            stdin = agents[agent].stdin
             assert stdin is not None
-            stdin.write(json.dumps(job) + "\n")
-            stdin.flush()
+            try:
+                stdin.write(json.dumps(job) + "\n")
+                stdin.flush()
+            except BrokenPipeError:
+                time.sleep(0.2)  # its last words reach the tail
+                said = "".join(err_tails[agent]).strip()[-2000:]
+                raise RuntimeError(f"agent {agent} exited in the run: {said}") from None
         for proc in agents.values():
             assert proc.stdin is not None
             proc.stdin.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -214,6 +215,37 @@ def test_an_unreachable_api_is_status_0_not_an_exception() -> None:
     server.stop()
     code, doc = ReportClient(f"http://127.0.0.1:{port}", timeout_s=1).status()
     assert code == 0 and "error" in doc
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"a\"",  # cut short: IncompleteRead
+        b"HTT",  # cut in its status line: BadStatusLine
+        b"",  # closed unanswered: RemoteDisconnected
+    ],
+)
+def test_an_api_that_dies_in_its_reply_is_status_0_not_an_exception(reply: bytes) -> None:
+    # A controller killed while it answers a host's POST must not kill the host's agent.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(reply)
+
+    server = threading.Thread(target=answer)
+    server.start()
+    try:
+        code, doc = ReportClient(f"http://127.0.0.1:{port}", timeout_s=2).post([])
+    finally:
+        server.join(5)
+        listener.close()
+    assert code == 0 and doc["error"].startswith(f"POST http://127.0.0.1:{port}/v1/reports: ")
 
 
 def test_a_taken_port_is_a_clear_error(api: tuple[Sink, ReportClient, str]) -> None:
