@@ -182,6 +182,7 @@ class _Meta:
         "hot_reported",
         "egress_spec",
         "mcast_grp",
+        "transit",
     )
 
     def __init__(self) -> None:
@@ -199,6 +200,7 @@ class _Meta:
         self.hot_reported = False
         self.egress_spec = -1
         self.mcast_grp = 0
+        self.transit = False
 
 
 class Pipeline:
@@ -516,6 +518,7 @@ class Pipeline:
                     meta.event = c.EV_DATA_UNICAST
                 else:
                     meta.mcast_grp = group
+                    meta.transit = True
                     meta.done = True
                     meta.event = c.EV_DATA_MCAST
             elif op == c.KVP_OP_WRITE_ACK:
@@ -768,6 +771,12 @@ class Pipeline:
             targets = [(meta.egress_spec, 0)]
         else:  # pragma: no cover - every path above sets one or drops
             return []
+        if meta.transit:
+            # DATA multicast from a pool or fabric port: no copy goes back out of the port it
+            # came in on (the switch before it served that side), so that a tree of groups
+            # across a fabric carries one copy per link and never loops. A hit's multicast is
+            # not pruned: the requester's own side needs its copy.
+            targets = [t for t in targets if t[0] != port]
         outputs = []
         for egress_port, rid in targets:
             out = bytearray(pkt) if len(targets) > 1 else pkt

@@ -143,6 +143,7 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                     count_event(EV_DATA_UNICAST);
                 } else {
                     std.mcast_grp = hdr.kvp.group;
+                    meta.transit = true;
                     meta.done = true;
                     count_event(EV_DATA_MCAST);
                 }
@@ -168,6 +169,11 @@ control KvcastEgress(inout headers_t hdr, inout local_metadata_t meta,
         // Ingress events were counted there.
         meta.count_event = false;
         meta.hot_reported = false;
+        if (meta.transit && std.egress_port == std.ingress_port) {
+            // Pruned, not a drop reason: the switch before this one served that side.
+            mark_to_drop(std);
+            exit;
+        }
         if (std.egress_rid != 0 && hdr.kvp.isValid()) {
             replica.apply(hdr, meta, std);
         }

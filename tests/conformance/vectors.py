@@ -36,6 +36,9 @@ POOL_PORT = 4
 POOL_MAC, POOL_IP = "00:00:00:00:01:01", "10.0.1.1"
 GROUP = 7
 GROUP_BROKEN = 8  # one replica id has no replica_dst entry; host 3 is not a member
+# Host 1 and, unrewritten (replica id 0), the pool port: a group's copy toward the rest of a
+# fabric, as on a leaf whose uplink is a member (emulation.fabric).
+GROUP_FABRIC = 9
 TENANT = 1
 # Host 2's port is bound to its address and to TENANT only (PortRole.bind_host, tenant_binding).
 BOUND_HOST = 2
@@ -253,7 +256,8 @@ def program_switch(client: P4RuntimeClient) -> None:
     client.write(updates)
     client.multicast_group(GROUP, [(i, i) for i in HOSTS])
     client.multicast_group(GROUP_BROKEN, [(1, 1), (2, 99)])
-    for gid, ports in ((GROUP, list(HOSTS)), (GROUP_BROKEN, [1, 2])):
+    client.multicast_group(GROUP_FABRIC, [(1, 1), (POOL_PORT, 0)])
+    for gid, ports in ((GROUP, list(HOSTS)), (GROUP_BROKEN, [1, 2]), (GROUP_FABRIC, [1])):
         for port in ports:
             client.insert(
                 t.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
@@ -478,6 +482,20 @@ def build_vectors() -> list[Vector]:
         Vector(
             "pool_data_with_group_is_multicast",
             [Step(POOL_PORT, data_g, [replica(data_g, i) for i in HOSTS], event(c.EV_DATA_MCAST))],
+        )
+    )
+    # A group whose members include the port the DATA came in on: that copy is pruned (the
+    # switch before it served that side), the others go; a hit's copies are not pruned.
+    data_f = pool_frame(1, wire.data_message(TENANT, 0x99, 0, 1, b"fabric", group=GROUP_FABRIC))
+    getf = _get(1, CHUNK_KEY, 0, req_id=15, group=GROUP_FABRIC)
+    reply_f = hit_reply(1, 0, 15, group=GROUP_FABRIC)
+    v.append(
+        Vector(
+            "pool_data_is_never_multicast_back_out_of_its_ingress_port",
+            [
+                Step(POOL_PORT, data_f, [replica(data_f, 1)], event(c.EV_DATA_MCAST)),
+                Step(1, getf, [replica(reply_f, 1), (POOL_PORT, reply_f)], event(c.EV_GET_HIT)),
+            ],
         )
     )
     data_host = host_frame(

@@ -32,6 +32,10 @@ struct local_metadata_t {
     bool         count_event;
     bit<32>      event;
     bool         hot_reported;
+    // DATA multicast that came in from a pool or fabric port: its replicas never leave by the
+    // port it came in on (egress prunes them), so a tree of groups across switches carries one
+    // copy per link and cannot loop. A hit's multicast is not pruned.
+    bool         transit;
     // Cache lookup result.
     bool         hit;
     slot_index_t slot_base;
