@@ -40,7 +40,15 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 
 from emulation.switches import P4Switch, default_switch_class
-from emulation.topo import SERVICE_IP, SWITCH_MAC, ClusterSpec, NodeAddr, StarTopo, addresses
+from emulation.topo import (
+    SERVICE_IP,
+    SWITCH_MAC,
+    ClusterSpec,
+    FabricSpec,
+    NodeAddr,
+    StarTopo,
+    addresses,
+)
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
@@ -84,7 +92,8 @@ class Cluster:
     """A running emulated cluster.
 
     Args:
-        spec: what to build.
+        spec: what to build (a :class:`~emulation.topo.FabricSpec` only through
+            :class:`~emulation.fabric.FabricCluster`).
         switch_cls: the switch node class (default: BMv2 where installed, else the reference
             target).
         quiet: silence Mininet's own logging.
@@ -93,7 +102,7 @@ class Cluster:
 
     def __init__(
         self,
-        spec: ClusterSpec,
+        spec: ClusterSpec | FabricSpec,
         switch_cls: type[P4Switch] | None = None,
         quiet: bool = True,
         lock_timeout_s: float = 1800.0,
@@ -102,7 +111,7 @@ class Cluster:
         self.lock_timeout_s = lock_timeout_s
         self._lock: Any = None
         self.switch_cls = switch_cls or default_switch_class()
-        self.nodes = {n.name: n for n in addresses(spec)}
+        self.nodes = {n.name: n for n in self._addresses()}
         self._groups: dict[int, list[int]] = {}
         self.net: Any = None
         self._old_handlers: dict[int, Any] = {}
@@ -138,7 +147,7 @@ class Cluster:
             self._take_lock()
             cleanup_leftovers()
             self.net = Mininet(
-                topo=StarTopo(spec=self.spec),
+                topo=self._topology(),
                 switch=self.switch_cls,
                 link=TCLink,
                 controller=None,
@@ -203,6 +212,15 @@ class Cluster:
         f.flush()
         self._lock = f
 
+    def _addresses(self) -> list[NodeAddr]:
+        """Every node of the cluster with its switch port."""
+        assert isinstance(self.spec, ClusterSpec)
+        return addresses(self.spec)
+
+    def _topology(self) -> Any:
+        """The Mininet topology the network is built from."""
+        return StarTopo(spec=self.spec)
+
     # ------------------------------------------------------------------ access
     @property
     def switch(self) -> P4Switch:
@@ -213,6 +231,14 @@ class Cluster:
     def client(self) -> P4RuntimeClient:
         """The switch's primary P4Runtime client."""
         return self.switch.client
+
+    def clients(self) -> list[P4RuntimeClient]:
+        """Every switch's primary P4Runtime client (one in a star)."""
+        return [self.client]
+
+    def cache_client(self, hosts: list[str]) -> P4RuntimeClient:
+        """The client of the switch whose SRAM serves a prefix these hosts share (the one)."""
+        return self.client
 
     def host(self, name: str) -> Any:
         """A Mininet host node by name (``h1``, ``p1``)."""

@@ -56,14 +56,16 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from emulation.fabric import FabricCluster
 from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
-from emulation.topo import EMULATION_MTU, SERVICE_IP, ClusterSpec, LinkSpec
+from emulation.topo import EMULATION_MTU, SERVICE_IP, ClusterSpec, FabricSpec, LinkSpec
 from experiments.output import pyplot, write_csv
 from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
@@ -149,6 +151,8 @@ class PointResult:
     counters: dict[str, int] = field(default_factory=dict)
     repeat: int = 0
     error: str = ""
+    link_bytes: dict[str, int] = field(default_factory=dict)
+    """On a fabric: bytes each leaf-spine link carried in the point, per direction."""
 
     @property
     def times(self) -> list[float]:
@@ -186,6 +190,11 @@ class PointResult:
             "pool_tx_bytes": self.pool_tx_bytes,
             "pool_tx_over_prefix": round(self.pool_tx_bytes / self.nbytes, 3),
             **{f"sw_{k}": v for k, v in self.counters.items()},
+            **(
+                {"uplink_max_over_prefix": round(max(self.link_bytes.values()) / self.nbytes, 3)}
+                if self.link_bytes
+                else {}
+            ),
         }
 
 
@@ -204,7 +213,16 @@ def _pool_tx_bytes(cluster: Cluster) -> int:
 
 
 def _event_counters(cluster: Cluster) -> dict[int, int]:
-    return cluster.client.counters(c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER)
+    """The KVP event counters, summed over the cluster's switches (one in a star)."""
+    total: dict[int, int] = defaultdict(int)
+    for client in cluster.clients():
+        for index, value in client.counters(c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER).items():
+            total[index] += value
+    return dict(total)
+
+
+def _link_bytes(cluster: Cluster) -> dict[str, int]:
+    return cluster.link_tx_bytes() if isinstance(cluster, FabricCluster) else {}
 
 
 _EVENT_NAMES = {
@@ -477,20 +495,24 @@ def run_point(
     Returns:
         The point's result.
     """
-    client = cluster.client
-    if mode.sram:
-        client.load_chunk(TENANT, key, _synthetic(key, nbytes), slot_base=0, epoch=group)
-    else:
+    hosts = cluster.hosts()[:n]
+    # No switch keeps the prefix from an earlier point; in SRAM modes, the lowest switch every
+    # GET of these hosts crosses gets it (the only one in a star).
+    for client in cluster.clients():
         try:
             client.delete(c.TABLE_INGRESS_CACHE_CACHE_TABLE, {"tenant": TENANT, "key": key})
         except Exception as exc:  # noqa: BLE001 - absent is fine
             if not getattr(exc, "not_found", False):
                 raise
-    hosts = cluster.hosts()[:n]
+    if mode.sram:
+        cluster.cache_client([h.name for h in hosts]).load_chunk(
+            TENANT, key, _synthetic(key, nbytes), slot_base=0, epoch=group
+        )
     if mode.group:
         cluster.add_group(group, [h.name for h in hosts])
     pools = cluster.pools()
     tx0, ev0 = _pool_tx_bytes(cluster), _event_counters(cluster)
+    links0 = _link_bytes(cluster)
     result = PointResult(mode.name, n, nbytes, repeat=repeat)
     pool_mbit = cluster.spec.pool_link.bw_mbit
     timeouts = get_timeouts(mode, n, pool_mbit, window, cluster.spec.mtu)
@@ -523,6 +545,7 @@ def run_point(
         rec.pop("host", None)
         result.hosts.append({"host": name, "role": role, "replica": i % mode.replicas, **rec})
     result.pool_tx_bytes = _pool_tx_bytes(cluster) - tx0
+    result.link_bytes = {k: v - links0[k] for k, v in _link_bytes(cluster).items()}
     try:
         # The hosts' outcomes are in; a switch that died meanwhile loses only its counters.
         ev1 = _event_counters(cluster)
@@ -540,8 +563,42 @@ def _synthetic(key: int, nbytes: int) -> bytes:
     return synthetic_chunk(TENANT, key, nbytes, SEED)
 
 
+def serve_pools(
+    cluster: Cluster,
+    stack: contextlib.ExitStack,
+    keys: Sequence[int],
+    sizes: Sequence[int],
+    pool_backend: str = "memory",
+) -> None:
+    """Starts a pool node on every pool host, preloaded with each prefix's replica.
+
+    Pool node ``j`` holds prefix ``keys[i]`` (``sizes[i]`` bytes) as
+    :func:`replica_key` ``(keys[i], j)``; each node is stopped when ``stack`` closes.
+
+    Raises:
+        RuntimeError: a pool node did not start (its log's tail is in the message).
+    """
+    for j, pool in enumerate(cluster.pools()):
+        preload = [
+            arg
+            for key, size in zip(keys, sizes, strict=True)
+            for arg in ("--preload", f"{TENANT}:{replica_key(key, j):#x}:{size}:{SEED}")
+        ]
+        # The experiment programs its groups into the switch itself, per point (no
+        # controller to serve them to the node): the switch's membership check guards them.
+        pool_cmd = [
+            sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT),
+            "--mtu", str(cluster.spec.mtu), "--any-group", *preload,
+        ]  # fmt: skip
+        if pool_backend == "mooncake":
+            pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
+        else:
+            pool_cmd += ["--backend", "memory"]
+        stack.enter_context(cluster.serve(pool.name, pool_cmd, "poolnode listening"))
+
+
 def run_sweep(
-    spec: ClusterSpec,
+    spec: ClusterSpec | FabricSpec,
     switch_cls: type[P4Switch],
     modes: Sequence[str],
     ns: Sequence[int],
@@ -587,24 +644,13 @@ def run_sweep(
     results: list[PointResult] = []
     points = [(s, n, m, r) for r in range(repeats) for s in sizes for n in ns for m in modes]
     keys = {s: 0x5EED0000 + (i << 16) for i, s in enumerate(sizes)}
-    with Cluster(spec, switch_cls) as cluster, contextlib.ExitStack() as stack:
-        for j, pool in enumerate(cluster.pools()):
-            preload = [
-                arg
-                for s in sizes
-                for arg in ("--preload", f"{TENANT}:{replica_key(keys[s], j):#x}:{s}:{SEED}")
-            ]
-            # The experiment programs its groups into the switch itself, per point (no
-            # controller to serve them to the node): the switch's membership check guards them.
-            pool_cmd = [
-                sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT),
-                "--mtu", str(spec.mtu), "--any-group", *preload,
-            ]  # fmt: skip
-            if pool_backend == "mooncake":
-                pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]
-            else:
-                pool_cmd += ["--backend", "memory"]
-            stack.enter_context(cluster.serve(pool.name, pool_cmd, "poolnode listening"))
+    built = (
+        FabricCluster(spec, switch_cls)
+        if isinstance(spec, FabricSpec)
+        else Cluster(spec, switch_cls)
+    )
+    with built as cluster, contextlib.ExitStack() as stack:
+        serve_pools(cluster, stack, [keys[s] for s in sizes], sizes, pool_backend)
         progress(f"{len(cluster.pools())} pool node(s) ({pool_backend}) ready")
         agents = HostAgents(cluster, [h.name for h in cluster.hosts()[: max(ns)]])
         stack.callback(agents.close)
@@ -913,6 +959,18 @@ def main(argv: list[str] | None = None) -> int:
         help="IP MTU of every link, the pool nodes' DATA and the agents' GETs (1500: the runs "
         "before jumbo frames became the default)",
     )
+    ap.add_argument(
+        "--topology",
+        choices=["star", "leaf-spine"],
+        default="star",
+        help="one switch, or a leaf-spine fabric of switches (emulation.fabric): the N hosts "
+        "spread round-robin over the leaves, a pool node under each leaf",
+    )
+    ap.add_argument("--spines", type=int, default=2, help="leaf-spine: spine switches")
+    ap.add_argument("--leaves", type=int, default=4, help="leaf-spine: leaf switches")
+    ap.add_argument(
+        "--uplink-mbit", type=float, default=400.0, help="leaf-spine: each leaf-spine link"
+    )
     ap.add_argument("--switch", choices=["auto", "refswitch", "bmv2"], default="auto")
     ap.add_argument(
         "--pool-backend",
@@ -937,21 +995,46 @@ def main(argv: list[str] | None = None) -> int:
         "refswitch": RefSwitch,
         "bmv2": BMv2Switch,
     }[args.switch]
-    spec = ClusterSpec(
-        n_hosts=max(ns),
-        n_pools=max(MODES[m].replicas for m in modes),
-        host_link=LinkSpec(bw_mbit=args.host_mbit),
-        pool_link=LinkSpec(bw_mbit=args.pool_mbit),
-        tenants=(TENANT,),
-        mtu=args.mtu,
-    )
+    spec: ClusterSpec | FabricSpec
+    replicas = max(MODES[m].replicas for m in modes)
+    if args.topology == "leaf-spine":
+        if replicas > args.leaves:
+            ap.error(f"mode(s) read {replicas} replicas: at least {replicas} leaves needed")
+        try:
+            spec = FabricSpec(
+                spines=args.spines,
+                leaves=args.leaves,
+                hosts_per_leaf=-(-max(ns) // args.leaves),
+                host_link=LinkSpec(bw_mbit=args.host_mbit),
+                pool_link=LinkSpec(bw_mbit=args.pool_mbit),
+                uplink=LinkSpec(bw_mbit=args.uplink_mbit),
+                tenants=(TENANT,),
+                mtu=args.mtu,
+            )
+        except ValueError as exc:
+            ap.error(str(exc))
+        where = (
+            f"a leaf-spine fabric of {spec.leaves} leaves and {spec.spines} spines (uplinks "
+            f"{args.uplink_mbit:g} Mbit/s), {spec.hosts_per_leaf} hosts under each leaf"
+        )
+    else:
+        spec = ClusterSpec(
+            n_hosts=max(ns),
+            n_pools=replicas,
+            host_link=LinkSpec(bw_mbit=args.host_mbit),
+            pool_link=LinkSpec(bw_mbit=args.pool_mbit),
+            tenants=(TENANT,),
+            mtu=args.mtu,
+        )
+        where = "one switch"
     pool_backend = args.pool_backend
     if pool_backend == "auto":
         pool_backend = "mooncake" if find_master_binary() else "memory"
     target = {"refswitch": "the Python reference target", "bmv2": "BMv2 simple_switch_grpc"}
     kib = ",".join(str(s // 1024) for s in sizes)
     setup = (
-        f"N-to-1 incast on Mininet: switch {switch_cls.kind} ({target[switch_cls.kind]}), "
+        f"N-to-1 incast on Mininet, {where}: switch {switch_cls.kind} "
+        f"({target[switch_cls.kind]}), "
         f"{spec.n_pools} pool node(s) on {pool_backend}, pool links {args.pool_mbit:g} Mbit/s, "
         f"host links {args.host_mbit:g} Mbit/s, MTU {spec.mtu}, prefix {kib} KiB in "
         f"{c.FRAG_BYTES}-byte fragments, {args.repeats} repeat(s)"

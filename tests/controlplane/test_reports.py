@@ -220,7 +220,7 @@ def test_an_unreachable_api_is_status_0_not_an_exception() -> None:
 @pytest.mark.parametrize(
     "reply",
     [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"a\"",  # cut short: IncompleteRead
+        b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"a"',  # cut short: IncompleteRead
         b"HTT",  # cut in its status line: BadStatusLine
         b"",  # closed unanswered: RemoteDisconnected
     ],

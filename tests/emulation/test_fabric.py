@@ -1,0 +1,203 @@
+"""The leaf-spine fabric: its layout and trees as data, and a running fabric on Mininet.
+
+The running fabric (two leaves, two spines, two GPU hosts under each leaf, the pool node under
+the first leaf, the reference target on every switch) checks that a multicast reaches hosts
+under both leaves with one copy per tree link and none back down the link it came up, that a
+host cannot name a group on a leaf where it is no member, and that a spine killed under a tree
+is survived: its routes and trees move to the other spine and the next fetch completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from emulation.topo import FabricSpec, LinkSpec, fabric_addresses
+from tests.mininet_env import MININET_MISSING
+
+PREFIX = 64 * 1024
+KEY = 0x5EED0000
+TENANT = 7  # experiments.incast's
+
+
+def _cluster(spec: FabricSpec) -> Any:
+    from emulation.fabric import FabricCluster
+
+    return FabricCluster(spec)
+
+
+def test_a_fabric_spec_lays_nodes_out_leaf_by_leaf() -> None:
+    spec = FabricSpec(spines=2, leaves=2, hosts_per_leaf=2, pool_leaves=(2,))
+    nodes = {n.name: n for n in fabric_addresses(spec)}
+    assert [(n.switch, n.port) for n in nodes.values()] == [
+        ("s1", 1), ("s1", 2), ("s2", 1), ("s2", 2), ("s2", 3),
+    ]  # fmt: skip
+    assert nodes["p1"].role == "pool" and spec.n_pools == 1 and spec.n_hosts == 4
+    assert (spec.spine_name(1), spec.spine_name(2), spec.uplink_port(2)) == ("s3", "s4", 5)
+    assert FabricSpec().n_hosts == 32 and FabricSpec().n_pools == 4  # the issue's default
+    bad: list[dict[str, Any]] = [
+        {"spines": 0},
+        {"leaves": 17},
+        {"leaves": 2, "pool_leaves": (3,)},
+        {"mtu": 100},
+        {"hosts_per_leaf": 0},
+    ]
+    for kwargs in bad:
+        with pytest.raises(ValueError):
+            FabricSpec(**kwargs)
+
+
+def test_hosts_are_spread_round_robin_over_the_leaves() -> None:
+    cluster = _cluster(FabricSpec(spines=1, leaves=3, hosts_per_leaf=2))
+    assert [h.name for h in cluster.hosts()] == ["h1", "h3", "h5", "h2", "h4", "h6"]
+
+
+def test_a_tree_is_one_group_per_switch_through_one_spine() -> None:
+    cluster = _cluster(FabricSpec(spines=2, leaves=3, hosts_per_leaf=2, pool_leaves=(1,)))
+    # Members under leaves 1 and 2; the pool node under leaf 1; leaf 3 is not in the tree.
+    tree = cluster.tree(9, ["h1", "h2", "h3"])
+    uplink = cluster.fabric.uplink_port(1)
+    assert tree == {
+        "s1": [(1, 1), (2, 2), (uplink, 0)],
+        "s2": [(1, 1), (uplink, 0)],
+        "s4": [(1, 0), (2, 0)],  # spine 1 of 2: the one leaf 1's traffic crosses
+    }
+    # Members under one leaf with the pool node: no uplink, no spine.
+    assert cluster.tree(9, ["h1", "h2"]) == {"s1": [(1, 1), (2, 2)]}
+    # Members under one leaf, the pool node elsewhere: the pool's leaf sends one copy up.
+    assert cluster.tree(9, ["h3", "h4"]) == {
+        "s1": [(uplink, 0)],
+        "s2": [(1, 1), (2, 2)],
+        "s4": [(2, 0)],
+    }
+    with pytest.raises(ValueError, match="not a GPU host"):
+        cluster.tree(9, ["p1"])
+
+
+def test_a_shared_prefix_is_cached_where_the_gets_first_meet() -> None:
+    cluster = _cluster(FabricSpec(spines=2, leaves=3, hosts_per_leaf=2, pool_leaves=(1,)))
+    assert cluster.cache_switch(["h3", "h4"]) == "s2"  # one leaf: that leaf
+    assert cluster.cache_switch(["h1", "h3"]) == "s1"  # some under the pool's leaf: there
+    assert cluster.cache_switch(["h3", "h5"]) == "s4"  # else the spine toward the pool
+
+
+def test_routes_spread_over_the_spines_in_service() -> None:
+    cluster = _cluster(FabricSpec(spines=2, leaves=4, hosts_per_leaf=1))
+    assert [cluster.route_spine(leaf) for leaf in (1, 2, 3, 4)] == [1, 2, 1, 2]
+    cluster.down_spines.add(1)
+    assert [cluster.route_spine(leaf) for leaf in (1, 2, 3, 4)] == [2, 2, 2, 2]
+    cluster.down_spines.add(2)
+    with pytest.raises(RuntimeError, match="every spine"):
+        cluster.route_spine(1)
+
+
+# ----------------------------------------------------------------------------- running fabric
+SPEC = FabricSpec(
+    spines=2,
+    leaves=2,
+    hosts_per_leaf=2,
+    pool_leaves=(1,),
+    host_link=LinkSpec(bw_mbit=200),
+    pool_link=LinkSpec(bw_mbit=20),
+    uplink=LinkSpec(bw_mbit=400),
+    tenants=(TENANT,),
+)
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[tuple[Any, Any]]:
+    if MININET_MISSING:
+        pytest.skip(MININET_MISSING)
+    from emulation.fabric import FabricCluster
+    from emulation.switches import RefSwitch
+    from experiments.incast import HostAgents, serve_pools
+
+    with FabricCluster(SPEC, RefSwitch) as cluster, contextlib.ExitStack() as stack:
+        serve_pools(cluster, stack, [KEY], [PREFIX], "memory")
+        agents = HostAgents(cluster, [h.name for h in cluster.hosts()])
+        stack.callback(agents.close)
+        yield cluster, agents
+
+
+def _point(fabric: tuple[Any, Any], mode: str, group: int) -> Any:
+    from experiments.incast import MODES, run_point
+
+    cluster, agents = fabric
+    result = run_point(cluster, agents, MODES[mode], 4, PREFIX, KEY, group=group)
+    assert result.all_ok and not result.error, (result.summary(), result.hosts)
+    return result
+
+
+def _copies(result: Any, link: str) -> float:
+    return float(result.link_bytes[link] / PREFIX)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_multicast_reaches_both_leaves_with_one_copy_per_tree_link(
+    fabric: tuple[Any, Any],
+) -> None:
+    # h1, h3, h2, h4: two under each leaf; the pool node under leaf s1; the tree through s3.
+    unicast = _point(fabric, "a", 201)
+    assert 1.9 < _copies(unicast, "s1>s3") + _copies(unicast, "s1>s4") < 2.2  # one per remote
+    multicast = _point(fabric, "b", 202)
+    assert multicast.pool_tx_bytes < 1.05 * PREFIX
+    assert 0.95 < _copies(multicast, "s1>s3") < 1.05  # up once
+    assert 0.95 < _copies(multicast, "s3>s2") < 1.05  # down once, to the other leaf
+    # Nothing comes back down to the leaf it came from, and the other spine carries nothing.
+    assert _copies(multicast, "s3>s1") < 0.05
+    assert _copies(multicast, "s1>s4") + _copies(multicast, "s4>s2") < 0.05
+    # From SRAM: the pool's leaf holds it (two members sit under it); the same tree, no pool.
+    sram = _point(fabric, "c", 203)
+    assert sram.pool_tx_bytes < 0.05 * PREFIX and sram.counters["get_hit"] > 0
+    # Hits are one fragment per packet: more header bytes than the pool's jumbo DATA.
+    assert 0.95 < _copies(sram, "s1>s3") < 1.5 and _copies(sram, "s3>s1") < 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_no_host_names_a_group_on_a_leaf_where_it_is_no_member(
+    fabric: tuple[Any, Any],
+) -> None:
+    from kvcast import p4constants as c
+
+    cluster, _ = fabric
+    # h1 (port 1 of leaf s1) is the only member; h3 has port 1 too, under leaf s2.
+    cluster.add_group(204, ["h1"])
+    try:
+        leaf2 = cluster.switch_node("s2").client
+        before = leaf2.counters(c.COUNTER_INGRESS_STATS_DROP_COUNTER)[c.DROP_BAD_GROUP]
+        send = (
+            "import socket;from kvcast import wire;s=socket.socket(2,2);"
+            f"[s.sendto(wire.get_message({TENANT},{KEY:#x},0,i,204,0),('10.0.100.1',{c.KVP_UDP_PORT}))"
+            " for i in range(5)]"
+        )
+        cluster.host("h3").cmd(f'{sys.executable} -c "{send}"')
+        after = leaf2.counters(c.COUNTER_INGRESS_STATS_DROP_COUNTER)[c.DROP_BAD_GROUP]
+        assert after - before == 5
+    finally:
+        cluster.remove_group(204)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_spine_killed_under_a_tree_is_survived(fabric: tuple[Any, Any]) -> None:
+    cluster, _ = fabric
+    assert cluster.tree_spine() == 1
+    cluster.switch_node("s3").kill()
+    cluster.take_spine_down(1)
+    try:
+        moved = _point(fabric, "b", 205)
+        assert cluster.tree_spine() == 2
+        assert 0.95 < _copies(moved, "s1>s4") < 1.05 and 0.95 < _copies(moved, "s4>s2") < 1.05
+        assert _copies(moved, "s1>s3") < 0.05
+        unicast = _point(fabric, "a", 206)
+        assert _copies(unicast, "s1>s3") < 0.05
+    finally:
+        cluster.bring_spine_up(1)
+    back = _point(fabric, "b", 207)
+    assert cluster.tree_spine() == 1 and 0.95 < _copies(back, "s1>s3") < 1.05
