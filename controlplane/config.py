@@ -25,6 +25,11 @@ A complete example (only ``switches`` is required; every other setting has a def
         # per pipe for the WRITE fan-out (every pipe holds the cache): e.g. a 2-pipe Tofino-1
         # cpu_port: 192, fanout_ports: [68, 196]
         epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
+        role: leaf                     # leaf | spine: a leaf-spine fabric (fabric_links)
+    # A leaf-spine fabric (docs/fabric.md): one link per leaf and spine. Hosts and pool nodes
+    # hang off leaves; each switch gets routes to every node through the fabric, and its
+    # fabric ports are trusted as a fabric switch's.
+    fabric_links: []                   # e.g. - {leaf: s1, leaf_port: 9, spine: s3, spine_port: 1}
     pools:
       - {name: p1, ip: 10.0.1.1, mac: "00:00:00:00:01:01", port: 5,
          fetch_address: "10.254.5.2:19286"}   # where the controller reads chunk bytes
@@ -49,7 +54,8 @@ A complete example (only ``switches`` is required; every other setting has a def
 
 Classes:
     ListenAddress: a ``host:port`` to bind.
-    SwitchSpec: one switch (P4Runtime address, device id, election id, program files).
+    SwitchSpec: one switch (P4Runtime address, device id, election id, program files, role).
+    FabricLinkSpec: one leaf-spine link of a fabric, with its port at each end.
     PoolSpec: one DRAM pool node (data-plane address, switch port, where chunk bytes are read).
     HostSpec: one GPU host (replica destination, switch port, policy host id).
     PolicySpec: the cache policy by registry name, its parameters, dry-run.
@@ -81,6 +87,7 @@ from controlplane.policies import PolicyConfigError, available_policies, make_po
 from controlplane.targets import Target
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast.fabric import Attachment, FabricPlan, Uplink
 
 _LOG = logging.getLogger(__name__)
 # The explicit opt-out of tenant binding for a host (``tenants: any``).
@@ -152,6 +159,8 @@ class SwitchSpec:
         fanout_ports: Tofino: one loopback port per pipe, in distinct pipes, the CPU port's
             among them; each WRITE is stored by every pipe through its port (docs/tofino.md).
             Their number is the switch's pipe count.
+        role: ``"leaf"`` (hosts and pool nodes hang off it; the only kind without a fabric)
+            or ``"spine"`` (only leaves hang off it).
     """
 
     name: str
@@ -167,11 +176,22 @@ class SwitchSpec:
     deny_unknown_ports: bool = True
     cpu_port: int | None = None
     fanout_ports: tuple[int, ...] = ()
+    role: str = "leaf"
 
     @property
     def pipes(self) -> int:
         """Pipes that hold the cache: one per fan-out port on a Tofino, else 1."""
         return max(1, len(self.fanout_ports))
+
+
+@dataclass(frozen=True)
+class FabricLinkSpec:
+    """One leaf-spine link: ``leaf_port`` on ``leaf`` faces ``spine_port`` on ``spine``."""
+
+    leaf: str
+    leaf_port: int
+    spine: str
+    spine_port: int
 
 
 # Device ports of a Tofino pipe: bits 7-8 of the port number name the pipe.
@@ -301,6 +321,8 @@ class DaemonConfig:
         max_loads_per_tick: admissions applied per switch and tick (the rest wait).
         log_level: logging level name.
         source: the file it was read from, if any.
+        fabric_links: a leaf-spine fabric's links (empty: no fabric, every switch stands
+            alone).
     """
 
     switches: tuple[SwitchSpec, ...]
@@ -316,6 +338,25 @@ class DaemonConfig:
     max_loads_per_tick: int = 512
     log_level: str = "INFO"
     source: Path | None = None
+    fabric_links: tuple[FabricLinkSpec, ...] = ()
+
+    def fabric_plan(self) -> FabricPlan | None:
+        """The fabric's forwarding plan (kvcast.fabric), or None without spines.
+
+        Raises:
+            ConfigError: the switches, links and nodes do not make a leaf-spine fabric.
+        """
+        spines = [s.name for s in self.switches if s.role == "spine"]
+        if not spines:
+            return None
+        leaves = [s.name for s in self.switches if s.role == "leaf"]
+        nodes = [Attachment(h.name, h.switch, h.port, "host") for h in self.hosts]
+        nodes += [Attachment(p.name, p.switch, p.port or 0, "pool") for p in self.pools]
+        links = [Uplink(x.leaf, x.leaf_port, x.spine, x.spine_port) for x in self.fabric_links]
+        try:
+            return FabricPlan(leaves, spines, links, nodes)
+        except ValueError as exc:
+            raise ConfigError(f"fabric_links: not a leaf-spine fabric: {exc}") from None
 
     def switch(self, name: str) -> SwitchSpec:
         """A switch by name.
@@ -497,9 +538,31 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
         deny_unknown_ports=_bool(s.take("deny_unknown_ports", True), s.at("deny_unknown_ports")),
         cpu_port=cpu_port,
         fanout_ports=fanout,
+        role=_choice(s.take("role", "leaf"), s.at("role"), ("leaf", "spine")),
     )
     s.done()
     return spec
+
+
+def _choice(raw: object, path: str, allowed: Sequence[str]) -> str:
+    if raw not in allowed:
+        raise ConfigError(f"{path}: {raw!r} is not one of {', '.join(allowed)}")
+    return str(raw)
+
+
+def _fabric_link(raw: object, path: str, roles: Mapping[str, str]) -> FabricLinkSpec:
+    s = _Section(raw, path)
+    link = FabricLinkSpec(
+        leaf=_str(s.take("leaf", required=True), s.at("leaf")),
+        leaf_port=_int(s.take("leaf_port", required=True), s.at("leaf_port"), 0, 510),
+        spine=_str(s.take("spine", required=True), s.at("spine")),
+        spine_port=_int(s.take("spine_port", required=True), s.at("spine_port"), 0, 510),
+    )
+    s.done()
+    for end, want in ((link.leaf, "leaf"), (link.spine, "spine")):
+        if roles.get(end) != want:
+            raise ConfigError(f"{path}: {end!r} is not a switch with role {want}")
+    return link
 
 
 def _fanout(s: _Section, target: Target) -> tuple[int | None, tuple[int, ...]]:
@@ -683,6 +746,20 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         + [(f"hosts[{i}].name", h.name) for i, h in enumerate(hosts)],
         "name",
     )
+    roles = {s.name: s.role for s in switches}
+    for where, switch in placed:
+        if roles[switch] == "spine":
+            raise ConfigError(
+                f"{where}.switch: {switch!r} is a spine; hosts and pools hang off leaves"
+            )
+    fabric_links = tuple(
+        _fabric_link(r, f"fabric_links[{i}]", roles)
+        for i, r in enumerate(_list(top.take("fabric_links", []), "fabric_links"))
+    )
+    _check_unique(
+        [(f"fabric_links[{i}]", (x.leaf, x.spine)) for i, x in enumerate(fabric_links)],
+        "leaf-spine pair",
+    )
     _check_unique([(f"hosts[{i}].id", h.id) for i, h in enumerate(hosts)], "host id")
     _check_unique(
         [(f"pools[{i}].ip", p.ip) for i, p in enumerate(pools)]
@@ -763,7 +840,7 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         raise ConfigError(
             f"metrics.listen and report_api.listen both use port {metrics.port}; pick two"
         )
-    return DaemonConfig(
+    config = DaemonConfig(
         switches=switches,
         pools=pools,
         hosts=hosts,
@@ -776,7 +853,10 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         chunk_timeout_s=chunk_timeout_s,
         max_loads_per_tick=max_loads,
         log_level=level,
+        fabric_links=fabric_links,
     )
+    config.fabric_plan()  # a fabric must be whole: every leaf linked to every spine
+    return config
 
 
 def load_config(path: str | Path) -> DaemonConfig:

@@ -116,6 +116,7 @@ from controlplane.reports import (
     report_routes,
 )
 from kvcast import p4constants as c
+from kvcast.fabric import FabricPlan
 
 __all__ = [
     "OBSERVER_HOST",
@@ -396,6 +397,9 @@ class _BaseState:
                 )
                 await rt.forwarding.add_l2(pool.mac, pool.port)
                 await rt.forwarding.set_port_role(pool.port, c.PORT_ROLE_POOL)
+            plan = cfg.fabric_plan()
+            if plan is not None:
+                await self._fabric_routes(plan)
             if spec.deny_unknown_ports:
                 await rt.forwarding.deny_unknown_ports(True)
         # Tofino: every pipe stores each WRITE, which comes back in on the pipe's fan-out port.
@@ -417,6 +421,25 @@ class _BaseState:
                 "cache_entries": len(rt.loader.resident()),
             },
         )
+
+    async def _fabric_routes(self, plan: FabricPlan) -> None:
+        """A fabric switch's routes to the nodes off its ports, and its trusted fabric ports.
+
+        Each route's destination MAC is the next switch's router MAC (kvcast.fabric decides
+        which spine); a fabric port has the pool role: it may bring in what a switch of the
+        fabric forwards (GETs checked at their edge, DATA, NACKs), never a WRITE.
+        """
+        rt = self._rt
+        cfg = rt.config
+        spec = rt.spec
+        nodes = [(h.name, h.ip) for h in cfg.hosts] + [(p.name, p.ip) for p in cfg.pools]
+        for name, ip in nodes:
+            port, via = plan.next_hop(spec.name, name)
+            if via is not None:
+                next_mac = cfg.switch(via).router_mac
+                await rt.forwarding.add_route(Route(f"{ip}/32", port, spec.router_mac, next_mac))
+        for port in plan.fabric_ports(spec.name):
+            await rt.forwarding.set_port_role(port, c.PORT_ROLE_POOL)
 
 
 class SwitchRuntime:

@@ -56,43 +56,13 @@ def test_hosts_are_spread_round_robin_over_the_leaves() -> None:
     assert [h.name for h in cluster.hosts()] == ["h1", "h3", "h5", "h2", "h4", "h6"]
 
 
-def test_a_tree_is_one_group_per_switch_through_one_spine() -> None:
+def test_the_cluster_programs_the_plan_its_spec_describes() -> None:
     cluster = _cluster(FabricSpec(spines=2, leaves=3, hosts_per_leaf=2, pool_leaves=(1,)))
-    # Members under leaves 1 and 2; the pool node under leaf 1; leaf 3 is not in the tree.
-    tree = cluster.tree(9, ["h1", "h2", "h3"])
-    uplink = cluster.fabric.uplink_port(1)
-    assert tree == {
-        "s1": [(1, 1), (2, 2), (uplink, 0)],
-        "s2": [(1, 1), (uplink, 0)],
-        "s4": [(1, 0), (2, 0)],  # spine 1 of 2: the one leaf 1's traffic crosses
-    }
-    # Members under one leaf with the pool node: no uplink, no spine.
-    assert cluster.tree(9, ["h1", "h2"]) == {"s1": [(1, 1), (2, 2)]}
-    # Members under one leaf, the pool node elsewhere: the pool's leaf sends one copy up.
-    assert cluster.tree(9, ["h3", "h4"]) == {
-        "s1": [(uplink, 0)],
-        "s2": [(1, 1), (2, 2)],
-        "s4": [(2, 0)],
-    }
-    with pytest.raises(ValueError, match="not a GPU host"):
-        cluster.tree(9, ["p1"])
-
-
-def test_a_shared_prefix_is_cached_where_the_gets_first_meet() -> None:
-    cluster = _cluster(FabricSpec(spines=2, leaves=3, hosts_per_leaf=2, pool_leaves=(1,)))
-    assert cluster.cache_switch(["h3", "h4"]) == "s2"  # one leaf: that leaf
-    assert cluster.cache_switch(["h1", "h3"]) == "s1"  # some under the pool's leaf: there
-    assert cluster.cache_switch(["h3", "h5"]) == "s4"  # else the spine toward the pool
-
-
-def test_routes_spread_over_the_spines_in_service() -> None:
-    cluster = _cluster(FabricSpec(spines=2, leaves=4, hosts_per_leaf=1))
-    assert [cluster.route_spine(leaf) for leaf in (1, 2, 3, 4)] == [1, 2, 1, 2]
-    cluster.down_spines.add(1)
-    assert [cluster.route_spine(leaf) for leaf in (1, 2, 3, 4)] == [2, 2, 2, 2]
-    cluster.down_spines.add(2)
-    with pytest.raises(RuntimeError, match="every spine"):
-        cluster.route_spine(1)
+    plan = cluster.plan
+    assert (plan.leaves, plan.spines) == (["s1", "s2", "s3"], ["s4", "s5"])
+    assert plan.fabric_ports("s1") == [4, 5] and plan.fabric_ports("s4") == [1, 2, 3]
+    assert cluster.tree_spine() == "s4" and cluster.cache_switch(["h3", "h5"]) == "s4"
+    assert cluster.tree(["h3"]) == {"s1": [(4, 0)], "s2": [(1, 1)], "s4": [(2, 0)]}
 
 
 # ----------------------------------------------------------------------------- running fabric
@@ -187,17 +157,17 @@ def test_no_host_names_a_group_on_a_leaf_where_it_is_no_member(
 @pytest.mark.netns
 def test_a_spine_killed_under_a_tree_is_survived(fabric: tuple[Any, Any]) -> None:
     cluster, _ = fabric
-    assert cluster.tree_spine() == 1
+    assert cluster.tree_spine() == "s3"
     cluster.switch_node("s3").kill()
-    cluster.take_spine_down(1)
+    cluster.take_spine_down("s3")
     try:
         moved = _point(fabric, "b", 205)
-        assert cluster.tree_spine() == 2
+        assert cluster.tree_spine() == "s4"
         assert 0.95 < _copies(moved, "s1>s4") < 1.05 and 0.95 < _copies(moved, "s4>s2") < 1.05
         assert _copies(moved, "s1>s3") < 0.05
         unicast = _point(fabric, "a", 206)
         assert _copies(unicast, "s1>s3") < 0.05
     finally:
-        cluster.bring_spine_up(1)
+        cluster.bring_spine_up("s3")
     back = _point(fabric, "b", 207)
-    assert cluster.tree_spine() == 1 and 0.95 < _copies(back, "s1>s3") < 1.05
+    assert cluster.tree_spine() == "s3" and 0.95 < _copies(back, "s1>s3") < 1.05
