@@ -23,7 +23,6 @@ from finsy.proto import p4r
 from emulation.network import Cluster, _ip, _mac
 from emulation.switches import P4Switch
 from emulation.topo import SWITCH_MAC, FabricSpec, LeafSpineTopo, NodeAddr, fabric_addresses
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.fabric import Attachment, FabricPlan, Uplink
 from kvcast.p4rt_client import Lpm, P4RuntimeClient
@@ -144,74 +143,10 @@ class FabricCluster(Cluster):
 
     def _program_one(self, name: str) -> None:
         """Installs one switch's base program: routes, port roles, replicas, pool owners."""
-        f = self.fabric
         cl = self.switch_node(name).client
-        fabric_ports = self.plan.fabric_ports(name)
         for node in self.nodes.values():
-            cl.insert(
-                c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(node.ip), 32)},
-                c.ACTION_INGRESS_FORWARDING_ROUTE,
-                self._route(name, node),
-            )
-            if node.switch != name:
-                continue
-            cl.insert(
-                c.TABLE_INGRESS_FORWARDING_L2_FWD,
-                {"dst_addr": _mac(node.mac)},
-                c.ACTION_INGRESS_FORWARDING_L2_FORWARD,
-                {"port": node.port},
-            )
-            if node.role == "pool":
-                cl.insert(
-                    c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-                    {"port": node.port},
-                    c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-                    {"role": c.PORT_ROLE_POOL},
-                )
-                continue
-            cl.insert(
-                c.TABLE_EGRESS_REPLICA_REPLICA_DST,
-                {"rid": node.port},
-                c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-                {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
-            )
-            tenants = f.tenants
-            cl.insert(
-                c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-                {"port": node.port},
-                c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-                {"addr": _ip(node.ip), "check_tenant": int(tenants is not None)},
-            )
-            for tenant in tenants or ():
-                cl.insert(
-                    c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
-                    {"port": node.port, "tenant": tenant},
-                    c.ACTION_INGRESS_PORT_ROLE_TENANT_OK,
-                    {},
-                )
-        for port in fabric_ports:
-            # Fabric ports bring in what a switch of the fabric forwards (module docstring).
-            cl.insert(
-                c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-                {"port": port},
-                c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-                {"role": c.PORT_ROLE_POOL},
-            )
-        cl.set_default(
-            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-            {"role": c.PORT_ROLE_DENY},
-        )
-        pools = self.pools()
-        for bucket in range(c.POOL_BUCKETS):
-            owner = pools[bucket % len(pools)]
-            cl.insert(
-                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                {"bucket": bucket},
-                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(owner.ip)},
-            )
+            self._program_node(cl, node, self._route(name, node), attached=node.switch == name)
+        self._program_defaults(cl, self.plan.fabric_ports(name))
 
     def _route(self, switch: str, node: NodeAddr) -> dict[str, int]:
         """The ``route`` action's parameters on ``switch`` toward ``node``."""

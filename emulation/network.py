@@ -286,48 +286,73 @@ class Cluster:
         cl = self.client
         smac = _mac(SWITCH_MAC)
         for node in self.nodes.values():
+            route = {"port": node.port, "smac": smac, "dmac": _mac(node.mac)}
+            self._program_node(cl, node, route, attached=True)
+        self._program_defaults(cl, fabric_ports=[])
+
+    def _program_node(
+        self, cl: P4RuntimeClient, node: NodeAddr, route: dict[str, int], attached: bool
+    ) -> None:
+        """One node's entries on one switch.
+
+        Its route and, where it is ``attached`` to this switch, its L2 entry and its port's
+        role: a pool port, or a host port bound to its address and (when the spec names them)
+        its tenants, with its replica destination.
+        """
+        cl.insert(
+            c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
+            {"dst_addr": Lpm(_ip(node.ip), 32)},
+            c.ACTION_INGRESS_FORWARDING_ROUTE,
+            route,
+        )
+        if not attached:
+            return
+        cl.insert(
+            c.TABLE_INGRESS_FORWARDING_L2_FWD,
+            {"dst_addr": _mac(node.mac)},
+            c.ACTION_INGRESS_FORWARDING_L2_FORWARD,
+            {"port": node.port},
+        )
+        if node.role == "pool":
             cl.insert(
-                c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(node.ip), 32)},
-                c.ACTION_INGRESS_FORWARDING_ROUTE,
-                {"port": node.port, "smac": smac, "dmac": _mac(node.mac)},
-            )
-            cl.insert(
-                c.TABLE_INGRESS_FORWARDING_L2_FWD,
-                {"dst_addr": _mac(node.mac)},
-                c.ACTION_INGRESS_FORWARDING_L2_FORWARD,
+                c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
                 {"port": node.port},
+                c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+                {"role": c.PORT_ROLE_POOL},
             )
-            if node.role == "pool":
-                cl.insert(
-                    c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-                    {"port": node.port},
-                    c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-                    {"role": c.PORT_ROLE_POOL},
-                )
-            else:
-                cl.insert(
-                    c.TABLE_EGRESS_REPLICA_REPLICA_DST,
-                    {"rid": node.port},
-                    c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-                    {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
-                )
-                # Source binding: the host's address, and its tenants when the spec names them.
-                tenants = self.spec.tenants
-                cl.insert(
-                    c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-                    {"port": node.port},
-                    c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-                    {"addr": _ip(node.ip), "check_tenant": int(tenants is not None)},
-                )
-                for tenant in tenants or ():
-                    cl.insert(
-                        c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
-                        {"port": node.port, "tenant": tenant},
-                        c.ACTION_INGRESS_PORT_ROLE_TENANT_OK,
-                        {},
-                    )
-        # No KVP from a port that is neither a host nor a pool node.
+            return
+        cl.insert(
+            c.TABLE_EGRESS_REPLICA_REPLICA_DST,
+            {"rid": node.port},
+            c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
+            {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
+        )
+        tenants = self.spec.tenants
+        cl.insert(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": node.port},
+            c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
+            {"addr": _ip(node.ip), "check_tenant": int(tenants is not None)},
+        )
+        for tenant in tenants or ():
+            cl.insert(
+                c.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
+                {"port": node.port, "tenant": tenant},
+                c.ACTION_INGRESS_PORT_ROLE_TENANT_OK,
+                {},
+            )
+
+    def _program_defaults(self, cl: P4RuntimeClient, fabric_ports: list[int]) -> None:
+        """A switch's trusted fabric ports, default-deny for every other port, pool owners."""
+        for port in fabric_ports:
+            # A fabric port brings in what a switch of the fabric forwards (kvcast.fabric).
+            cl.insert(
+                c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+                {"port": port},
+                c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+                {"role": c.PORT_ROLE_POOL},
+            )
+        # No KVP from a port that is neither a host, a pool node nor the fabric.
         cl.set_default(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,

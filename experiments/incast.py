@@ -32,6 +32,10 @@ relief T_a/T_x beside the flow model's prediction (``experiments.sim.incast``), 
 and the retries, timeouts and repairs.
 
 Run: ``python -m experiments.incast`` (root; Mininet). ``--help`` lists the sweep parameters.
+``--topology leaf-spine`` runs it on a leaf-spine fabric of switches (emulation.fabric,
+docs/fabric.md): the N hosts round-robin over the leaves, a pool node under each leaf, and per
+point the bytes each leaf-spine link carried (``uplink_max_over_prefix``: the busiest link's,
+in prefix copies).
 
 Classes:
     Mode: one way of fetching.
@@ -40,6 +44,7 @@ Classes:
 
 Functions:
     run_point: one point on a running cluster.
+    serve_pools: a pool node on every pool host of a running cluster.
     run_sweep: the whole sweep on one cluster.
     relief_table: the final table's rows.
     main: command line.
