@@ -21,6 +21,10 @@ from tests.mininet_env import MININET_MISSING
 
 PREFIX = 64 * 1024
 KEY = 0x5EED0000
+# A prefix whose unicast fetch by four hosts lasts long enough (about 1.7 s on the 20 Mbit/s
+# pool link) to kill a spine in the middle of it.
+LONG_PREFIX = 1024 * 1024
+LONG_KEY = 0x5EED1000
 TENANT = 7  # experiments.incast's
 
 
@@ -87,17 +91,19 @@ def fabric() -> Iterator[tuple[Any, Any]]:
     from experiments.incast import HostAgents, serve_pools
 
     with FabricCluster(SPEC, RefSwitch) as cluster, contextlib.ExitStack() as stack:
-        serve_pools(cluster, stack, [KEY], [PREFIX], "memory")
+        serve_pools(cluster, stack, [KEY, LONG_KEY], [PREFIX, LONG_PREFIX], "memory")
         agents = HostAgents(cluster, [h.name for h in cluster.hosts()])
         stack.callback(agents.close)
         yield cluster, agents
 
 
-def _point(fabric: tuple[Any, Any], mode: str, group: int) -> Any:
+def _point(
+    fabric: tuple[Any, Any], mode: str, group: int, nbytes: int = PREFIX, key: int = KEY
+) -> Any:
     from experiments.incast import MODES, run_point
 
     cluster, agents = fabric
-    result = run_point(cluster, agents, MODES[mode], 4, PREFIX, KEY, group=group)
+    result = run_point(cluster, agents, MODES[mode], 4, nbytes, key, group=group)
     assert result.all_ok and not result.error, (result.summary(), result.hosts)
     return result
 
@@ -171,3 +177,45 @@ def test_a_spine_killed_under_a_tree_is_survived(fabric: tuple[Any, Any]) -> Non
         cluster.bring_spine_up("s3")
     back = _point(fabric, "b", 207)
     assert cluster.tree_spine() == "s3" and 0.95 < _copies(back, "s1>s3") < 1.05
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_spine_killed_in_the_middle_of_the_fetches_is_survived(
+    fabric: tuple[Any, Any],
+) -> None:
+    import threading
+    import time
+
+    from experiments.incast import _pool_tx_bytes
+
+    cluster, _ = fabric
+
+    # Unicast from the pool under s1: the GETs of the hosts under s2 climb through s3 (the
+    # spine toward s1); the pool's DATA for them comes through s4 (the spine toward s2). s4
+    # dies with DATA in flight, and the controller's part (here the test's) moves its routes
+    # to s3.
+    def fail() -> None:
+        # Once a quarter of the four hosts' bytes has left the pool: the fetches are under way.
+        start = _pool_tx_bytes(cluster)
+        deadline = time.monotonic() + 30
+        while _pool_tx_bytes(cluster) - start < LONG_PREFIX and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cluster.switch_node("s4").kill()
+        cluster.take_spine_down("s4")
+
+    killer = threading.Thread(target=fail)
+    killer.start()
+    try:
+        # Every host verified, or the helper fails.
+        survived = _point(fabric, "a", 208, LONG_PREFIX, LONG_KEY)
+    finally:
+        killer.join()
+        cluster.bring_spine_up("s4")
+    assert not cluster.plan.down_spines
+    # The kill lost DATA in flight (sent up to s4, never delivered down), the GETs for it were
+    # sent again and answered through s3.
+    assert survived.link_bytes["s1>s4"] > survived.link_bytes["s4>s2"]
+    assert survived.summary()["retries"] > 0, survived.summary()
+    assert survived.link_bytes["s3>s2"] > PREFIX
+    assert _point(fabric, "a", 209).summary()["retries"] == 0  # all back to normal
