@@ -20,7 +20,10 @@ switch's SRAM) and, every ``tick_s``:
    * chunks a previous controller left on the switch (adopted by the loader), recorded once as
      one access each so that the policy can decide to keep them;
 
-2. records them in the policy and takes its decision (``on_tick``);
+2. updates the chunks' classes (``controlplane.kvclasses``: a record's declared ``class``,
+   ``POST /v1/classes``, the static-detection rule) and tells each policy of every change, so
+   that static chunks stay in SRAM before transient ones; then records the accesses in the
+   policy and takes its decision (``on_tick``);
 3. applies it, evictions first: an evicted chunk's entry is deleted and its slots freed; a
    DEMOTE also makes sure the DRAM pool still holds the chunk (``ChunkSource.ensure``), and is
    logged and counted either way; then every chunk the policy holds resident but the switch does
@@ -105,6 +108,7 @@ from controlplane.errors import (
     NotInstalledError,
     SwitchError,
 )
+from controlplane.kvclasses import ClassDeclarationError, ClassRegistry, parse_declaration
 from controlplane.p4rt import SessionInfo, SwitchClient, SwitchConfig, SwitchFleet
 from controlplane.policies import Access, CachePolicy, Decision, EvictAction, make_policy
 from controlplane.reports import (
@@ -116,6 +120,7 @@ from controlplane.reports import (
     report_routes,
 )
 from kvcast import p4constants as c
+from kvcast.kvclass import KV_CLASS_NAMES, KvClass
 
 __all__ = [
     "OBSERVER_HOST",
@@ -254,6 +259,56 @@ class ControllerMetrics:
         )
         self.policy_resident = Gauge(
             p + "policy_resident_chunks", "Chunks the policy holds resident", ["switch"], registry=r
+        )
+        self.class_accesses = Counter(
+            p + "class_accesses",
+            "Reported accesses by the chunk's KV class (static, transient)",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_hits = Counter(
+            p + "class_hits",
+            "Reported switch hits by the chunk's KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_evictions = Counter(
+            p + "class_evictions",
+            "Chunks evicted from switch SRAM by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_load_bytes = Counter(
+            p + "class_load_bytes",
+            "Chunk bytes written into switch SRAM by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_resident_bytes = Gauge(
+            p + "class_resident_bytes",
+            "SRAM bytes of cached chunks by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.static_promotions = Counter(
+            p + "static_promotions",
+            "Chunks that became static (declared, detected, prefix of a static chunk)",
+            ["reason"],
+            registry=r,
+        )
+        self.static_demotions = Counter(
+            p + "static_demotions",
+            "Static chunks that went back to transient (declaration expired or revoked, "
+            "detection lapsed, no static chunk below a prefix)",
+            ["reason"],
+            registry=r,
+        )
+        self.static_chunks = Gauge(p + "static_chunks", "Chunks static now", registry=r)
+        self.class_declarations = Counter(
+            p + "class_declarations",
+            "POST /v1/classes requests by HTTP status",
+            ["code"],
+            registry=r,
         )
         self.ticks = Counter(p + "ticks", "Decision ticks run", registry=r)
         self.tick_seconds = Histogram(
@@ -481,6 +536,11 @@ class SwitchRuntime:
         # What the reports say about reuse (the bar of min_accesses: auto).
         self.admission = ReuseAdmission(max_keys=_MAX_TRACKED_KEYS)
         self.last_tick: TickSummary | None = None
+        # The policy's figures per KV class (status): accesses, hits, evictions, load_bytes.
+        self.class_figures: dict[str, dict[str, int]] = {
+            name: dict.fromkeys(("accesses", "hits", "evictions", "load_bytes"), 0)
+            for name in KV_CLASS_NAMES
+        }
         metrics.connected.labels(spec.name).set_function(lambda: float(self.client.is_ready))
         metrics.sram_budget.labels(spec.name).set(config.sram_budget_bytes)
 
@@ -488,6 +548,12 @@ class SwitchRuntime:
     def name(self) -> str:
         """The switch's name."""
         return self.spec.name
+
+    def count_class(self, key: int, figure: str, n: int = 1) -> str:
+        """Adds ``n`` to one per-class figure of ``key``'s class; returns the class name."""
+        name = self.policy.kv_class(key).value
+        self.class_figures[name][figure] += n
+        return name
 
     def _on_lost(self, chunk: ChunkId) -> None:
         self.metrics.lost.labels(self.name).inc()
@@ -551,6 +617,11 @@ class Controller:
         self._tick_lock = asyncio.Lock()
         self._ticks = 0
         self._absent_backoff_s = max(30.0, 10 * config.tick_s)
+        # Chunks' classes: records (tick) and POST /v1/classes (HTTP threads) under one lock.
+        self.classes = ClassRegistry(config.classes)
+        self._classes_lock = threading.Lock()
+        self._promoted_seen: collections.Counter[str] = collections.Counter()
+        self._demoted_seen: collections.Counter[str] = collections.Counter()
 
     def _kvp_source(self) -> KvpChunkSource:
         ring = ConsistentHashRing(c.POOL_BUCKETS)
@@ -589,6 +660,45 @@ class Controller:
             routes[("GET", f"/v1/groups/{name}")] = groups
         return routes
 
+    def _class_routes(self) -> dict[tuple[str, str], Handler]:
+        """``POST /v1/classes`` declares chunks' classes; ``GET /v1/classes`` lists the static."""
+
+        def declare(body: bytes) -> Response:
+            try:
+                decl = parse_declaration(body)
+            except ClassDeclarationError as exc:
+                self.metrics.class_declarations.labels("400").inc()
+                return Response.json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            now = self._clock()
+            with self._classes_lock:
+                for key in decl.keys:
+                    self.classes.declare(decl.tenant, key, decl.kv_class, now, decl.ttl_s)
+            self.metrics.class_declarations.labels("200").inc()
+            return Response.json(
+                HTTPStatus.OK, {"declared": len(decl.keys), "class": decl.kv_class.value}
+            )
+
+        def listing(_body: bytes) -> Response:
+            with self._classes_lock:
+                static = self.classes.static()
+            return Response.json(
+                HTTPStatus.OK,
+                {
+                    "static": [
+                        {
+                            "tenant": e.tenant,
+                            "key": f"{k:#x}",
+                            "reason": e.reason,
+                            "since": e.since,
+                            "until": e.until,
+                        }
+                        for k, e in sorted(static.items())
+                    ]
+                },
+            )
+
+        return {("POST", "/v1/classes"): declare, ("GET", "/v1/classes"): listing}
+
     # ------------------------------------------------------------------ lifecycle
     @property
     def report_address(self) -> tuple[str, int] | None:
@@ -613,7 +723,7 @@ class Controller:
         self._report_api = HttpApi(
             api.listen.host,
             api.listen.port,
-            {**report_routes(self), **self._group_routes()},
+            {**report_routes(self), **self._group_routes(), **self._class_routes()},
             max_body_bytes=api.max_body_bytes,
             name="report-api",
         )
@@ -759,6 +869,32 @@ class Controller:
         self._hosts[report.host] = (hid, switch)
         return hid, switch
 
+    def _apply_classes(self, now: float) -> None:
+        """Expires and promotes classes, and tells every policy of each change."""
+        changes = self.classes.tick(now)
+        for rt in self.switches.values():
+            for key, kv_class in changes.items():
+                rt.policy.set_kv_class(key, kv_class)
+        m = self.metrics
+        for seen, counts, counter in (
+            (self._promoted_seen, self.classes.promoted, m.static_promotions),
+            (self._demoted_seen, self.classes.demoted, m.static_demotions),
+        ):
+            for reason, n in counts.items():
+                if n > seen[reason]:
+                    counter.labels(reason).inc(n - seen[reason])
+                    seen[reason] = n
+        m.static_chunks.set(len(self.classes.static()))
+        if changes:
+            _LOG.info(
+                "kv classes changed",
+                extra={
+                    "event": "classes",
+                    "static": sum(1 for k in changes.values() if k is KvClass.STATIC),
+                    "transient": sum(1 for k in changes.values() if k is KvClass.TRANSIENT),
+                },
+            )
+
     def _stored(self, r: AccessReport) -> None:
         """A host put a chunk into the pool: its length is known and the pool holds it again."""
         self._remember(r.key, r.tenant, r.size, None)
@@ -796,16 +932,35 @@ class Controller:
                 self._queue.clear()
             per_switch: dict[str, list[Access]] = {name: [] for name in self.switches}
             skew = self.config.report_api.clock_skew_s
-            for r in reports:
-                if r.stored:
-                    self._stored(r)
-                    continue
-                host_id, switch = self._host_of(r)
-                t = r.time
-                if t > now + skew:
-                    self.metrics.clock_skew.inc()
-                t = min(t, now)
+            routed: list[tuple[AccessReport, int, str, float]] = []
+            with self._classes_lock:
+                for r in reports:
+                    t = r.time
+                    if not r.stored and t > now + skew:
+                        self.metrics.clock_skew.inc()
+                    t = min(t, now)
+                    self.classes.observe(
+                        r.tenant,
+                        r.key,
+                        t,
+                        parent=r.parent,
+                        declared=r.kv_class,
+                        use=not r.stored,
+                    )
+                    if r.stored:
+                        self._stored(r)
+                        continue
+                    host_id, switch = self._host_of(r)
+                    routed.append((r, host_id, switch, t))
+                self._apply_classes(now)
+            for r, host_id, switch, t in routed:
                 self._remember(r.key, r.tenant, r.size, t)
+                rt_of = self.switches[switch]
+                name = rt_of.count_class(r.key, "accesses")
+                self.metrics.class_accesses.labels(switch, name).inc()
+                if r.hit is True:
+                    rt_of.count_class(r.key, "hits")
+                    self.metrics.class_hits.labels(switch, name).inc()
                 per_switch[switch].append(
                     Access(
                         r.key,
@@ -1063,6 +1218,7 @@ class Controller:
         rt.adopted.discard(chunk)
         summary.unloaded[action.value] = summary.unloaded.get(action.value, 0) + 1
         self.metrics.evictions.labels(rt.name, action.value).inc()
+        self.metrics.class_evictions.labels(rt.name, rt.count_class(chunk.key, "evictions")).inc()
         record: dict[str, Any] = {
             "event": "evict",
             "switch": rt.name,
@@ -1130,6 +1286,8 @@ class Controller:
         summary.loaded += 1
         self.metrics.loads.labels(rt.name).inc()
         self.metrics.load_bytes.labels(rt.name).inc(len(data))
+        name = rt.count_class(key, "load_bytes", len(data))
+        self.metrics.class_load_bytes.labels(rt.name, name).inc(len(data))
         _LOG.debug(
             "chunk loaded",
             extra={
@@ -1148,11 +1306,22 @@ class Controller:
         self.metrics.sram_used.labels(rt.name).set(stats.used * c.FRAG_BYTES)
         self.metrics.resident.labels(rt.name).set(len(rt.loader.resident()))
         self.metrics.policy_resident.labels(rt.name).set(len(rt.policy.resident_keys()))
+        for name, nbytes in self._resident_by_class(rt).items():
+            self.metrics.class_resident_bytes.labels(rt.name, name).set(nbytes)
+
+    @staticmethod
+    def _resident_by_class(rt: SwitchRuntime) -> dict[str, int]:
+        """SRAM bytes (whole fragment slots) of the chunks on the switch, by class."""
+        out = dict.fromkeys(KV_CLASS_NAMES, 0)
+        for chunk, entry in rt.loader.resident().items():
+            out[rt.policy.kv_class(chunk.key).value] += entry.frag_count * c.FRAG_BYTES
+        return out
 
     def _refresh_status(self) -> None:
         switches: dict[str, Any] = {}
         for name, rt in self.switches.items():
             stats = rt.loader.allocator.stats()
+            resident = self._resident_by_class(rt)
             switches[name] = {
                 "address": rt.spec.address,
                 "generation": rt.client.generation,
@@ -1164,7 +1333,14 @@ class Controller:
                 "fragmentation": round(stats.fragmentation, 4),
                 "last_tick": asdict(rt.last_tick) if rt.last_tick else None,
                 "recent_demotions": list(rt.demoted)[-8:],
+                "classes": {
+                    name: {**figures, "resident_bytes": resident[name]}
+                    for name, figures in rt.class_figures.items()
+                },
             }
+        with self._classes_lock:
+            static_chunks = len(self.classes.static())
+            promoted, demoted = dict(self.classes.promoted), dict(self.classes.demoted)
         self._status = {
             "started": True,
             "started_at": self._started_at,
@@ -1174,6 +1350,9 @@ class Controller:
             "dry_run": self.config.policy.dry_run,
             "tick_s": self.config.tick_s,
             "tracked_keys": len(self._keys),
+            "static_chunks": static_chunks,
+            "static_promotions": promoted,
+            "static_demotions": demoted,
             "switches": switches,
         }
 
