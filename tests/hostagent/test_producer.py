@@ -111,11 +111,13 @@ class _FailingAfter(InMemoryBackend):
         super().__init__()
         self.ok = ok
 
-    def put_many(self, items: Iterable[tuple[int, int, BytesLike]]) -> None:
+    def put_many(
+        self, items: Iterable[tuple[int, int, BytesLike]], *, kv_class: KvClass = KvClass.TRANSIENT
+    ) -> None:
         for i, (tenant, key, data) in enumerate(items):
             if i >= self.ok:
                 raise PoolBackendError(f"no space for chunk {key:#x}")
-            self.put(tenant, key, data)
+            self.put(tenant, key, data, kv_class=kv_class)
 
 
 def test_a_failed_put_is_counted_and_only_what_landed_is_reported() -> None:

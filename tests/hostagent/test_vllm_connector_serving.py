@@ -291,10 +291,10 @@ class SlowPool(InMemoryBackend):
         super().__init__()
         self.release = threading.Event()
 
-    def put_many(self, items: Any) -> None:
+    def put_many(self, items: Any, *, kv_class: KvClass = KvClass.TRANSIENT) -> None:
         items = list(items)
         assert self.release.wait(10.0)
-        super().put_many(items)
+        super().put_many(items, kv_class=kv_class)
 
 
 def test_saves_run_off_the_step_and_land_once_flushed(model_dir: Path) -> None:  # noqa: F811
