@@ -24,7 +24,11 @@ switch's SRAM) and, every ``tick_s``:
    ``POST /v1/classes``, the static-detection rule) and tells each policy of every change, so
    that static chunks stay in SRAM before transient ones; then records the accesses in the
    policy and takes its decision (``on_tick``);
-3. applies it, evictions first: an evicted chunk's entry is deleted and its slots freed; a
+3. with ``push.budget_bytes_per_tick``, plans which static chunks to push to which hosts of the
+   switch (``controlplane.push``: every host of the chunk's tenant that holds no copy, prefix
+   order, paced so that pushes take only the pool-link bytes the tick's pulls left) and counts
+   the plan; the data-plane push itself is not built;
+4. applies the decision, evictions first: an evicted chunk's entry is deleted and its slots freed; a
    DEMOTE also makes sure the DRAM pool still holds the chunk (``ChunkSource.ensure``), and is
    logged and counted either way; then every chunk the policy holds resident but the switch does
    not is loaded (bytes read from the DRAM pool, WRITEs in the safe order), skipping what does
@@ -111,6 +115,7 @@ from controlplane.errors import (
 from controlplane.kvclasses import ClassDeclarationError, ClassRegistry, parse_declaration
 from controlplane.p4rt import SessionInfo, SwitchClient, SwitchConfig, SwitchFleet
 from controlplane.policies import Access, CachePolicy, Decision, EvictAction, make_policy
+from controlplane.push import PushCandidate, PushHost, PushPlan, PushPlanner
 from controlplane.reports import (
     AccessReport,
     Handler,
@@ -308,6 +313,32 @@ class ControllerMetrics:
             p + "class_declarations",
             "POST /v1/classes requests by HTTP status",
             ["code"],
+            registry=r,
+        )
+        self.push_orders = Counter(
+            p + "push_orders", "Static chunks planned for a push (one copy each)", ["switch"],
+            registry=r,
+        )  # fmt: skip
+        self.push_bytes = Counter(
+            p + "push_pool_bytes",
+            "Pool-link bytes of planned pushes (one multicast copy per chunk)",
+            ["switch"],
+            registry=r,
+        )
+        self.push_unicast_bytes = Counter(
+            p + "push_unicast_bytes",
+            "Pool-link bytes the planned pushes would cost as one unicast per host",
+            ["switch"],
+            registry=r,
+        )
+        self.push_deliveries = Counter(
+            p + "push_deliveries", "Host copies of planned pushes", ["switch"], registry=r
+        )
+        self.push_waiting = Counter(
+            p + "push_waiting",
+            "Static chunks not pushed this tick: deferred (budget spent, behind their parent) "
+            "or too_large (above the whole per-tick budget)",
+            ["switch", "reason"],
             registry=r,
         )
         self.ticks = Counter(p + "ticks", "Decision ticks run", registry=r)
@@ -536,6 +567,13 @@ class SwitchRuntime:
         # What the reports say about reuse (the bar of min_accesses: auto).
         self.admission = ReuseAdmission(max_keys=_MAX_TRACKED_KEYS)
         self.last_tick: TickSummary | None = None
+        # The push plan of the switch's hosts (its multicast group), when configured.
+        self.push: PushPlanner | None = (
+            PushPlanner(config.push_budget_bytes, _MAX_TRACKED_KEYS)
+            if config.push_budget_bytes > 0
+            else None
+        )
+        self.last_push: PushPlan | None = None
         # The policy's figures per KV class (status): accesses, hits, evictions, load_bytes.
         self.class_figures: dict[str, dict[str, int]] = {
             name: dict.fromkeys(("accesses", "hits", "evictions", "load_bytes"), 0)
@@ -603,9 +641,11 @@ class Controller:
         self.fleet = SwitchFleet(rt.client for rt in self.switches.values())
         self._source = chunk_source or self._kvp_source()
         self._hosts: dict[str | int, tuple[int, str]] = {}
+        self._host_names: dict[str | int, str] = {}
         for h in config.hosts:
             self._hosts[h.name] = (h.id, h.switch)
             self._hosts[h.id] = (h.id, h.switch)
+            self._host_names[h.name] = self._host_names[h.id] = h.name
         self._queue: collections.deque[AccessReport] = collections.deque()
         self._queue_lock = threading.Lock()
         self._keys: collections.OrderedDict[int, _KeyInfo] = collections.OrderedDict()
@@ -869,6 +909,70 @@ class Controller:
         self._hosts[report.host] = (hid, switch)
         return hid, switch
 
+    def _plan_pushes(
+        self,
+        reports: Sequence[AccessReport],
+        routed: Sequence[tuple[AccessReport, int, str, float]],
+        now: float,
+    ) -> None:
+        """Notes who holds what, then plans and counts each switch's pushes."""
+        planners = {n: rt.push for n, rt in self.switches.items() if rt.push is not None}
+        if not planners:
+            return
+        pulls = dict.fromkeys(planners, 0)
+        for r in reports:
+            if not r.stored:
+                continue
+            switch = self._hosts.get(r.host, (0, next(iter(self.switches))))[1]
+            planner = planners.get(switch)
+            if planner is not None:
+                planner.note_held(r.key, self._host_names.get(r.host, str(r.host)))
+        for r, _hid, switch, _t in routed:
+            planner = planners.get(switch)
+            if planner is None:
+                continue
+            planner.note_held(r.key, self._host_names.get(r.host, str(r.host)))
+            if r.hit is False:
+                pulls[switch] += r.size  # read from the pool
+        with self._classes_lock:
+            static = self.classes.static()
+            parents = {k: self.classes.parent(k) for k in static}
+        candidates: list[PushCandidate] = []
+        for key, entry in static.items():
+            info = self._keys.get(key)
+            if info is None or info.nbytes is None:
+                continue
+            depth, k = 0, parents.get(key)
+            while k is not None and depth < 4096:
+                depth += 1
+                k = parents.get(k) if k in parents else None
+            candidates.append(PushCandidate(entry.tenant, key, info.nbytes, parents[key], depth))
+        m = self.metrics
+        for name, planner in planners.items():
+            hosts = [PushHost(h.name, h.tenants) for h in self.config.hosts_of(name)]
+            plan = planner.plan(candidates, hosts, pull_bytes=pulls[name])
+            self.switches[name].last_push = plan
+            if plan.orders:
+                m.push_orders.labels(name).inc(len(plan.orders))
+                m.push_bytes.labels(name).inc(plan.pool_bytes)
+                m.push_unicast_bytes.labels(name).inc(plan.unicast_bytes)
+                m.push_deliveries.labels(name).inc(plan.deliveries)
+                _LOG.info(
+                    "push planned",
+                    extra={
+                        "event": "push_plan",
+                        "switch": name,
+                        "chunks": len(plan.orders),
+                        "pool_bytes": plan.pool_bytes,
+                        "unicast_bytes": plan.unicast_bytes,
+                        "at": now,
+                    },
+                )
+            if plan.deferred:
+                m.push_waiting.labels(name, "deferred").inc(plan.deferred)
+            if plan.too_large:
+                m.push_waiting.labels(name, "too_large").inc(plan.too_large)
+
     def _apply_classes(self, now: float) -> None:
         """Expires and promotes classes, and tells every policy of each change."""
         changes = self.classes.tick(now)
@@ -973,6 +1077,7 @@ class Controller:
                         r.position,
                     )
                 )
+            self._plan_pushes(reports, routed, now)
             names = list(self.switches)
             results = await asyncio.gather(
                 *(self._tick_switch(self.switches[n], now, per_switch[n]) for n in names),
@@ -1336,6 +1441,17 @@ class Controller:
                 "classes": {
                     name: {**figures, "resident_bytes": resident[name]}
                     for name, figures in rt.class_figures.items()
+                },
+                "last_push": None
+                if rt.last_push is None
+                else {
+                    "chunks": len(rt.last_push.orders),
+                    "pool_bytes": rt.last_push.pool_bytes,
+                    "unicast_bytes": rt.last_push.unicast_bytes,
+                    "deliveries": rt.last_push.deliveries,
+                    "budget_bytes": rt.last_push.budget_bytes,
+                    "deferred": rt.last_push.deferred,
+                    "too_large": rt.last_push.too_large,
                 },
             }
         with self._classes_lock:

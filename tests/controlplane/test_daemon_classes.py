@@ -19,6 +19,8 @@ from kvcast.kvclass import KvClass
 
 from .test_daemon import (
     KEYS,
+    SIZE,
+    TENANT,
     Env,
     F,
     env_fixture,  # noqa: F401 - provides the env fixture
@@ -29,6 +31,8 @@ from .test_daemon import (
     started,
 )
 from .test_p4rt_harness import (
+    HOST_IP,
+    HOST_MAC,
     refswitch_fixture,  # noqa: F401 - provides the refswitch fixture
     run,
 )
@@ -160,6 +164,42 @@ def test_a_prefix_reused_over_the_window_is_promoted_by_the_controller(env: Env)
             promotions = "kvcast_controller_static_promotions_total"
             assert sample(ctl, promotions, reason="detected") == 1
             assert ctl.status()["static_chunks"] == 1
+        finally:
+            await ctl.stop()
+
+    run(main())
+
+
+def test_a_static_prefix_is_planned_once_to_each_host_of_its_tenant_and_counted(
+    env: Env,
+) -> None:
+    a, b = KEYS["A"], KEYS["B"]
+    hosts = [
+        {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": 1, "tenants": [TENANT]},
+        {"name": "h2", "ip": "10.0.2.2", "mac": "00:00:00:00:02:02", "port": 2,
+         "tenants": [TENANT]},
+        {"name": "h3", "ip": "10.0.3.3", "mac": "00:00:00:00:03:03", "port": 3,
+         "tenants": [TENANT + 1]},
+    ]  # fmt: skip
+    config = env.config(hosts=hosts, push={"budget_bytes_per_tick": 4 * SIZE})
+
+    async def main() -> None:
+        ctl = await started(config)
+        try:
+            now = time.time()
+            ra = dataclasses.replace(report(a, t=now), kv_class=KvClass.STATIC)
+            rb = dataclasses.replace(report(b, t=now), kv_class=KvClass.STATIC, parent=a)
+            # h1 pulled both from the pool (hit False): 2 SIZE of the 4 SIZE budget are taken.
+            await post(ctl, ra, rb)
+            await ctl.tick()
+            push = ctl.status()["switches"]["s1"]["last_push"]
+            assert push["budget_bytes"] == 2 * SIZE
+            assert (push["chunks"], push["deliveries"]) == (2, 2)  # to h2 only: h1 holds them,
+            assert push["pool_bytes"] == push["unicast_bytes"] == 2 * SIZE  # h3 is another tenant
+            assert sample(ctl, "kvcast_controller_push_pool_bytes_total", switch="s1") == 2 * SIZE
+            await ctl.tick()  # nothing left to push
+            assert ctl.status()["switches"]["s1"]["last_push"]["chunks"] == 0
+            assert sample(ctl, "kvcast_controller_push_deliveries_total", switch="s1") == 2
         finally:
             await ctl.stop()
 
