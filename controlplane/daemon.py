@@ -309,6 +309,11 @@ class ControllerMetrics:
             registry=r,
         )
         self.static_chunks = Gauge(p + "static_chunks", "Chunks static now", registry=r)
+        self.static_refused = Counter(
+            p + "static_refused",
+            "Promotions refused because classes.max_keys chunks are static already",
+            registry=r,
+        )
         self.class_declarations = Counter(
             p + "class_declarations",
             "POST /v1/classes requests by HTTP status",
@@ -662,6 +667,7 @@ class Controller:
         self._classes_lock = threading.Lock()
         self._promoted_seen: collections.Counter[str] = collections.Counter()
         self._demoted_seen: collections.Counter[str] = collections.Counter()
+        self._refused_seen = 0
 
     def _kvp_source(self) -> KvpChunkSource:
         ring = ConsistentHashRing(c.POOL_BUCKETS)
@@ -989,6 +995,9 @@ class Controller:
                     counter.labels(reason).inc(n - seen[reason])
                     seen[reason] = n
         m.static_chunks.set(len(self.classes.static()))
+        if self.classes.refused > self._refused_seen:
+            m.static_refused.inc(self.classes.refused - self._refused_seen)
+            self._refused_seen = self.classes.refused
         if changes:
             _LOG.info(
                 "kv classes changed",
@@ -1457,6 +1466,7 @@ class Controller:
         with self._classes_lock:
             static_chunks = len(self.classes.static())
             promoted, demoted = dict(self.classes.promoted), dict(self.classes.demoted)
+            refused = self.classes.refused
         self._status = {
             "started": True,
             "started_at": self._started_at,
@@ -1469,6 +1479,7 @@ class Controller:
             "static_chunks": static_chunks,
             "static_promotions": promoted,
             "static_demotions": demoted,
+            "static_refused": refused,
             "switches": switches,
         }
 

@@ -69,7 +69,8 @@ class ClassSpec:
             long is transient again.
         min_span_s: and spread over at least this many seconds (0: any burst promotes).
         declared_ttl_s: a declaration lasts this long after the last one.
-        max_keys: chunks whose use history is kept.
+        max_keys: chunks whose use history is kept, and the most chunks static at once (a
+            promotion beyond it is refused and counted in ``ClassRegistry.refused``).
 
     Raises:
         ConfigError: a value out of range (checked in ``__post_init__``).
@@ -143,6 +144,7 @@ class ClassRegistry:
         self._changed: dict[int, KvClass] = {}
         self.promoted: collections.Counter[str] = collections.Counter()
         self.demoted: collections.Counter[str] = collections.Counter()
+        self.refused = 0
 
     # ------------------------------------------------------------------ queries
     def kv_class(self, key: int) -> KvClass:
@@ -270,6 +272,9 @@ class ClassRegistry:
         return spec.min_span_s <= span <= spec.window_s
 
     def _promote(self, key: int, tenant: int, reason: str, when: float, until: float) -> None:
+        if len(self._static) >= self.spec.max_keys:
+            self.refused += 1
+            return
         self._static[key] = StaticEntry(tenant, reason, when, until)
         self.promoted[reason] += 1
         self._note(key, KvClass.STATIC)
@@ -283,6 +288,9 @@ class ClassRegistry:
             seen.add(parent)
             entry = self._static.get(parent)
             if entry is None:
+                if len(self._static) >= self.spec.max_keys:
+                    self.refused += 1
+                    return
                 uses = self._uses.get(parent)
                 self._static[parent] = StaticEntry(
                     uses.tenant if uses else tenant, REASON_PREFIX, when, until, child

@@ -112,3 +112,10 @@ def test_a_class_that_changes_and_changes_back_within_a_tick_is_not_listed() -> 
 def test_bad_parameters_are_config_errors(params: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ClassSpec(**params)  # type: ignore[arg-type]
+
+
+def test_promotions_beyond_max_keys_are_refused_and_counted() -> None:
+    reg = ClassRegistry(ClassSpec(max_keys=2))
+    for key in (1, 2, 3):
+        reg.declare(1, key, S, 1000.0)
+    assert set(reg.static()) == {1, 2} and reg.refused == 1
