@@ -1175,7 +1175,10 @@ class Controller:
         return summary
 
     def _doorkeeper(self, rt: SwitchRuntime, reported: list[Access]) -> list[Access]:
-        """Holds reported accesses of a chunk back until it has ``policy.min_accesses``."""
+        """Holds reported accesses of a chunk back until it has ``policy.min_accesses``.
+
+        A static chunk passes at once: its reuse is declared, or was measured by the class rule.
+        """
         for a in reported:
             rt.admission.observe(a.key)
         setting = self.config.policy.min_accesses
@@ -1185,9 +1188,11 @@ class Controller:
             return reported
         out: list[Access] = []
         held_now = 0
+        static = rt.policy.static_keys()
         for a in reported:
-            if a.key in rt.passed:
-                rt.passed.move_to_end(a.key)
+            if a.key in rt.passed or a.key in static:
+                if a.key in rt.passed:
+                    rt.passed.move_to_end(a.key)
                 out.append(a)
                 continue
             held = rt.held.pop(a.key, [])

@@ -204,3 +204,21 @@ def test_a_static_prefix_is_planned_once_to_each_host_of_its_tenant_and_counted(
             await ctl.stop()
 
     run(main())
+
+
+def test_a_static_chunk_passes_the_doorkeeper_at_its_first_use(env: Env) -> None:
+    a, b = KEYS["A"], KEYS["B"]
+    config = env.config(policy={"name": "lru", "min_accesses": 3})
+
+    async def main() -> None:
+        ctl = await started(config)
+        try:
+            static_a = dataclasses.replace(report(a), kv_class=KvClass.STATIC)
+            await post(ctl, static_a, report(b))
+            summary = (await ctl.tick())["s1"]
+            assert summary.loaded == 1
+            assert served(env.sw, a) == ["hit"] * 3 and served(env.sw, b) == ["miss"] * 3
+        finally:
+            await ctl.stop()
+
+    run(main())
