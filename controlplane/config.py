@@ -50,6 +50,13 @@ A complete example (only ``switches`` is required; every other setting has a def
     report_api: {listen: "0.0.0.0:9109", max_body_bytes: 4194304, max_queue: 200000}
     chunk_source: {timeout_s: 5.0}
     max_loads_per_tick: 512
+    classes:                           # static vs transient KV (controlplane.kvclasses)
+      detect: true                     # promote a prefix by sustained reuse:
+      min_uses: 8                      #   its last min_uses uses fall within window_s
+      window_s: 600.0                  #   (and unused this long, it is transient again)
+      min_span_s: 60.0                 #   and span at least min_span_s (no burst promotes)
+      declared_ttl_s: 3600.0           # a declaration ("class": "static") lasts this long
+    push: {budget_bytes_per_tick: 0}   # static prefixes planned for a push (0: no plan)
     log_level: INFO
 
 Classes:
@@ -61,6 +68,7 @@ Classes:
     PolicySpec: the cache policy by registry name, its parameters, dry-run.
     SketchSpec: hot-miss sketch window period and threshold.
     ReportApiSpec: the access-report HTTP API (address, body and queue bounds).
+    ClassSpec: (from ``controlplane.kvclasses``) the static-detection rule.
     DaemonConfig: the whole configuration.
 
 Functions:
@@ -83,6 +91,7 @@ from typing import Any, Literal
 import yaml
 
 from controlplane.errors import ConfigError
+from controlplane.kvclasses import ClassSpec
 from controlplane.policies import PolicyConfigError, available_policies, make_policy
 from controlplane.targets import Target
 from hostagent.ports import AGENT_PORT
@@ -319,6 +328,9 @@ class DaemonConfig:
         report_api: the access-report API.
         chunk_timeout_s: bound on reading one chunk's bytes from the pool.
         max_loads_per_tick: admissions applied per switch and tick (the rest wait).
+        classes: the static-detection rule and the life of a declaration.
+        push_budget_bytes: static-prefix bytes the push plan may put on the pool link per tick
+            (0: no push plan).
         log_level: logging level name.
         source: the file it was read from, if any.
         fabric_links: a leaf-spine fabric's links (empty: no fabric, every switch stands
@@ -336,6 +348,8 @@ class DaemonConfig:
     report_api: ReportApiSpec = field(default_factory=ReportApiSpec)
     chunk_timeout_s: float = 5.0
     max_loads_per_tick: int = 512
+    classes: ClassSpec = field(default_factory=ClassSpec)
+    push_budget_bytes: int = 0
     log_level: str = "INFO"
     source: Path | None = None
     fabric_links: tuple[FabricLinkSpec, ...] = ()
@@ -698,6 +712,21 @@ def _policy(raw: object, budget: int) -> PolicySpec:
     return PolicySpec(name, dict(params), dry_run, min_accesses)
 
 
+def _classes(raw: object) -> ClassSpec:
+    s = _Section({} if raw is None else raw, "classes")
+    d = ClassSpec()
+    spec = ClassSpec(
+        detect=_bool(s.take("detect", d.detect), s.at("detect")),
+        min_uses=_int(s.take("min_uses", d.min_uses), s.at("min_uses"), 2, 1 << 16),
+        window_s=_float(s.take("window_s", d.window_s), s.at("window_s")),
+        min_span_s=_float(s.take("min_span_s", d.min_span_s), s.at("min_span_s"), positive=False),
+        declared_ttl_s=_float(s.take("declared_ttl_s", d.declared_ttl_s), s.at("declared_ttl_s")),
+        max_keys=_int(s.take("max_keys", d.max_keys), s.at("max_keys"), 1, 1 << 26),
+    )
+    s.done()
+    return spec
+
+
 def _check_unique(items: Sequence[tuple[str, object]], what: str) -> None:
     seen: dict[object, str] = {}
     for path, value in items:
@@ -832,6 +861,12 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
     chunk_timeout_s = _float(cs.take("timeout_s", 5.0), cs.at("timeout_s"))
     cs.done()
     max_loads = _int(top.take("max_loads_per_tick", 512), "max_loads_per_tick", 1, 1 << 20)
+    classes = _classes(top.take("classes", None))
+    ps = _Section(top.take("push", None) or {}, "push")
+    push_budget = _int(
+        ps.take("budget_bytes_per_tick", 0), ps.at("budget_bytes_per_tick"), 0, 1 << 40
+    )
+    ps.done()
     level = _str(top.take("log_level", "INFO"), "log_level").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError(f"log_level: {level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
@@ -852,6 +887,8 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         report_api=report_api,
         chunk_timeout_s=chunk_timeout_s,
         max_loads_per_tick=max_loads,
+        classes=classes,
+        push_budget_bytes=push_budget,
         log_level=level,
         fabric_links=fabric_links,
     )

@@ -20,8 +20,15 @@ switch's SRAM) and, every ``tick_s``:
    * chunks a previous controller left on the switch (adopted by the loader), recorded once as
      one access each so that the policy can decide to keep them;
 
-2. records them in the policy and takes its decision (``on_tick``);
-3. applies it, evictions first: an evicted chunk's entry is deleted and its slots freed; a
+2. updates the chunks' classes (``controlplane.kvclasses``: a record's declared ``class``,
+   ``POST /v1/classes``, the static-detection rule) and tells each policy of every change, so
+   that static chunks stay in SRAM before transient ones; then records the accesses in the
+   policy and takes its decision (``on_tick``);
+3. with ``push.budget_bytes_per_tick``, plans which static chunks to push to which hosts of the
+   switch (``controlplane.push``: every host of the chunk's tenant that holds no copy, prefix
+   order, paced so that pushes take only the pool-link bytes the tick's pulls left) and counts
+   the plan; the data-plane push itself is not built;
+4. applies the decision, evictions first: an evicted chunk's entry is deleted and its slots freed; a
    DEMOTE also makes sure the DRAM pool still holds the chunk (``ChunkSource.ensure``), and is
    logged and counted either way; then every chunk the policy holds resident but the switch does
    not is loaded (bytes read from the DRAM pool, WRITEs in the safe order), skipping what does
@@ -105,8 +112,10 @@ from controlplane.errors import (
     NotInstalledError,
     SwitchError,
 )
+from controlplane.kvclasses import ClassDeclarationError, ClassRegistry, parse_declaration
 from controlplane.p4rt import SessionInfo, SwitchClient, SwitchConfig, SwitchFleet
 from controlplane.policies import Access, CachePolicy, Decision, EvictAction, make_policy
+from controlplane.push import PushCandidate, PushHost, PushPlan, PushPlanner
 from controlplane.reports import (
     AccessReport,
     Handler,
@@ -117,6 +126,7 @@ from controlplane.reports import (
 )
 from kvcast import p4constants as c
 from kvcast.fabric import FabricPlan
+from kvcast.kvclass import KV_CLASS_NAMES, KvClass
 
 __all__ = [
     "OBSERVER_HOST",
@@ -255,6 +265,87 @@ class ControllerMetrics:
         )
         self.policy_resident = Gauge(
             p + "policy_resident_chunks", "Chunks the policy holds resident", ["switch"], registry=r
+        )
+        self.class_accesses = Counter(
+            p + "class_accesses",
+            "Reported accesses by the chunk's KV class (static, transient)",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_hits = Counter(
+            p + "class_hits",
+            "Reported switch hits by the chunk's KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_evictions = Counter(
+            p + "class_evictions",
+            "Chunks evicted from switch SRAM by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_load_bytes = Counter(
+            p + "class_load_bytes",
+            "Chunk bytes written into switch SRAM by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.class_resident_bytes = Gauge(
+            p + "class_resident_bytes",
+            "SRAM bytes of cached chunks by KV class",
+            ["switch", "class"],
+            registry=r,
+        )
+        self.static_promotions = Counter(
+            p + "static_promotions",
+            "Chunks that became static (declared, detected, prefix of a static chunk)",
+            ["reason"],
+            registry=r,
+        )
+        self.static_demotions = Counter(
+            p + "static_demotions",
+            "Static chunks that went back to transient (declaration expired or revoked, "
+            "detection lapsed, no static chunk below a prefix)",
+            ["reason"],
+            registry=r,
+        )
+        self.static_chunks = Gauge(p + "static_chunks", "Chunks static now", registry=r)
+        self.static_refused = Counter(
+            p + "static_refused",
+            "Promotions refused because classes.max_keys chunks are static already",
+            registry=r,
+        )
+        self.class_declarations = Counter(
+            p + "class_declarations",
+            "POST /v1/classes requests by HTTP status",
+            ["code"],
+            registry=r,
+        )
+        self.push_orders = Counter(
+            p + "push_orders", "Static chunks planned for a push (one copy each)", ["switch"],
+            registry=r,
+        )  # fmt: skip
+        self.push_bytes = Counter(
+            p + "push_pool_bytes",
+            "Pool-link bytes of planned pushes (one multicast copy per chunk)",
+            ["switch"],
+            registry=r,
+        )
+        self.push_unicast_bytes = Counter(
+            p + "push_unicast_bytes",
+            "Pool-link bytes the planned pushes would cost as one unicast per host",
+            ["switch"],
+            registry=r,
+        )
+        self.push_deliveries = Counter(
+            p + "push_deliveries", "Host copies of planned pushes", ["switch"], registry=r
+        )
+        self.push_waiting = Counter(
+            p + "push_waiting",
+            "Static chunks not pushed this tick: deferred (budget spent, behind their parent) "
+            "or too_large (above the whole per-tick budget)",
+            ["switch", "reason"],
+            registry=r,
         )
         self.ticks = Counter(p + "ticks", "Decision ticks run", registry=r)
         self.tick_seconds = Histogram(
@@ -504,6 +595,18 @@ class SwitchRuntime:
         # What the reports say about reuse (the bar of min_accesses: auto).
         self.admission = ReuseAdmission(max_keys=_MAX_TRACKED_KEYS)
         self.last_tick: TickSummary | None = None
+        # The push plan of the switch's hosts (its multicast group), when configured.
+        self.push: PushPlanner | None = (
+            PushPlanner(config.push_budget_bytes, _MAX_TRACKED_KEYS)
+            if config.push_budget_bytes > 0
+            else None
+        )
+        self.last_push: PushPlan | None = None
+        # The policy's figures per KV class (status): accesses, hits, evictions, load_bytes.
+        self.class_figures: dict[str, dict[str, int]] = {
+            name: dict.fromkeys(("accesses", "hits", "evictions", "load_bytes"), 0)
+            for name in KV_CLASS_NAMES
+        }
         metrics.connected.labels(spec.name).set_function(lambda: float(self.client.is_ready))
         metrics.sram_budget.labels(spec.name).set(config.sram_budget_bytes)
 
@@ -511,6 +614,12 @@ class SwitchRuntime:
     def name(self) -> str:
         """The switch's name."""
         return self.spec.name
+
+    def count_class(self, key: int, figure: str, n: int = 1) -> str:
+        """Adds ``n`` to one per-class figure of ``key``'s class; returns the class name."""
+        name = self.policy.kv_class(key).value
+        self.class_figures[name][figure] += n
+        return name
 
     def _on_lost(self, chunk: ChunkId) -> None:
         self.metrics.lost.labels(self.name).inc()
@@ -560,9 +669,11 @@ class Controller:
         self.fleet = SwitchFleet(rt.client for rt in self.switches.values())
         self._source = chunk_source or self._kvp_source()
         self._hosts: dict[str | int, tuple[int, str]] = {}
+        self._host_names: dict[str | int, str] = {}
         for h in config.hosts:
             self._hosts[h.name] = (h.id, h.switch)
             self._hosts[h.id] = (h.id, h.switch)
+            self._host_names[h.name] = self._host_names[h.id] = h.name
         self._queue: collections.deque[AccessReport] = collections.deque()
         self._queue_lock = threading.Lock()
         self._keys: collections.OrderedDict[int, _KeyInfo] = collections.OrderedDict()
@@ -574,6 +685,12 @@ class Controller:
         self._tick_lock = asyncio.Lock()
         self._ticks = 0
         self._absent_backoff_s = max(30.0, 10 * config.tick_s)
+        # Chunks' classes: records (tick) and POST /v1/classes (HTTP threads) under one lock.
+        self.classes = ClassRegistry(config.classes)
+        self._classes_lock = threading.Lock()
+        self._promoted_seen: collections.Counter[str] = collections.Counter()
+        self._demoted_seen: collections.Counter[str] = collections.Counter()
+        self._refused_seen = 0
 
     def _kvp_source(self) -> KvpChunkSource:
         ring = ConsistentHashRing(c.POOL_BUCKETS)
@@ -612,6 +729,45 @@ class Controller:
             routes[("GET", f"/v1/groups/{name}")] = groups
         return routes
 
+    def _class_routes(self) -> dict[tuple[str, str], Handler]:
+        """``POST /v1/classes`` declares chunks' classes; ``GET /v1/classes`` lists the static."""
+
+        def declare(body: bytes) -> Response:
+            try:
+                decl = parse_declaration(body)
+            except ClassDeclarationError as exc:
+                self.metrics.class_declarations.labels("400").inc()
+                return Response.json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            now = self._clock()
+            with self._classes_lock:
+                for key in decl.keys:
+                    self.classes.declare(decl.tenant, key, decl.kv_class, now, decl.ttl_s)
+            self.metrics.class_declarations.labels("200").inc()
+            return Response.json(
+                HTTPStatus.OK, {"declared": len(decl.keys), "class": decl.kv_class.value}
+            )
+
+        def listing(_body: bytes) -> Response:
+            with self._classes_lock:
+                static = self.classes.static()
+            return Response.json(
+                HTTPStatus.OK,
+                {
+                    "static": [
+                        {
+                            "tenant": e.tenant,
+                            "key": f"{k:#x}",
+                            "reason": e.reason,
+                            "since": e.since,
+                            "until": e.until,
+                        }
+                        for k, e in sorted(static.items())
+                    ]
+                },
+            )
+
+        return {("POST", "/v1/classes"): declare, ("GET", "/v1/classes"): listing}
+
     # ------------------------------------------------------------------ lifecycle
     @property
     def report_address(self) -> tuple[str, int] | None:
@@ -636,7 +792,7 @@ class Controller:
         self._report_api = HttpApi(
             api.listen.host,
             api.listen.port,
-            {**report_routes(self), **self._group_routes()},
+            {**report_routes(self), **self._group_routes(), **self._class_routes()},
             max_body_bytes=api.max_body_bytes,
             name="report-api",
         )
@@ -782,6 +938,99 @@ class Controller:
         self._hosts[report.host] = (hid, switch)
         return hid, switch
 
+    def _plan_pushes(
+        self,
+        reports: Sequence[AccessReport],
+        routed: Sequence[tuple[AccessReport, int, str, float]],
+        now: float,
+    ) -> None:
+        """Notes who holds what, then plans and counts each switch's pushes."""
+        planners = {n: rt.push for n, rt in self.switches.items() if rt.push is not None}
+        if not planners:
+            return
+        pulls = dict.fromkeys(planners, 0)
+        for r in reports:
+            if not r.stored:
+                continue
+            switch = self._hosts.get(r.host, (0, next(iter(self.switches))))[1]
+            planner = planners.get(switch)
+            if planner is not None:
+                planner.note_held(r.key, self._host_names.get(r.host, str(r.host)))
+        for r, _hid, switch, _t in routed:
+            planner = planners.get(switch)
+            if planner is None:
+                continue
+            planner.note_held(r.key, self._host_names.get(r.host, str(r.host)))
+            if r.hit is False:
+                pulls[switch] += r.size  # read from the pool
+        with self._classes_lock:
+            static = self.classes.static()
+            parents = {k: self.classes.parent(k) for k in static}
+        candidates: list[PushCandidate] = []
+        for key, entry in static.items():
+            info = self._keys.get(key)
+            if info is None or info.nbytes is None:
+                continue
+            depth, k = 0, parents.get(key)
+            while k is not None and depth < 4096:
+                depth += 1
+                k = parents.get(k) if k in parents else None
+            candidates.append(PushCandidate(entry.tenant, key, info.nbytes, parents[key], depth))
+        m = self.metrics
+        for name, planner in planners.items():
+            hosts = [PushHost(h.name, h.tenants) for h in self.config.hosts_of(name)]
+            plan = planner.plan(candidates, hosts, pull_bytes=pulls[name])
+            self.switches[name].last_push = plan
+            if plan.orders:
+                m.push_orders.labels(name).inc(len(plan.orders))
+                m.push_bytes.labels(name).inc(plan.pool_bytes)
+                m.push_unicast_bytes.labels(name).inc(plan.unicast_bytes)
+                m.push_deliveries.labels(name).inc(plan.deliveries)
+                _LOG.info(
+                    "push planned",
+                    extra={
+                        "event": "push_plan",
+                        "switch": name,
+                        "chunks": len(plan.orders),
+                        "pool_bytes": plan.pool_bytes,
+                        "unicast_bytes": plan.unicast_bytes,
+                        "at": now,
+                    },
+                )
+            if plan.deferred:
+                m.push_waiting.labels(name, "deferred").inc(plan.deferred)
+            if plan.too_large:
+                m.push_waiting.labels(name, "too_large").inc(plan.too_large)
+
+    def _apply_classes(self, now: float) -> None:
+        """Expires and promotes classes, and tells every policy of each change."""
+        changes = self.classes.tick(now)
+        for rt in self.switches.values():
+            for key, kv_class in changes.items():
+                rt.policy.set_kv_class(key, kv_class)
+        m = self.metrics
+        for seen, counts, counter in (
+            (self._promoted_seen, self.classes.promoted, m.static_promotions),
+            (self._demoted_seen, self.classes.demoted, m.static_demotions),
+        ):
+            for reason, n in counts.items():
+                if n > seen[reason]:
+                    counter.labels(reason).inc(n - seen[reason])
+                    seen[reason] = n
+        m.static_chunks.set(len(self.classes.static()))
+        if self.classes.refused > self._refused_seen:
+            m.static_refused.inc(self.classes.refused - self._refused_seen)
+            self._refused_seen = self.classes.refused
+        if changes:
+            _LOG.info(
+                "kv classes changed",
+                extra={
+                    "event": "classes",
+                    "static": sum(1 for k in changes.values() if k is KvClass.STATIC),
+                    "transient": sum(1 for k in changes.values() if k is KvClass.TRANSIENT),
+                },
+            )
+
     def _stored(self, r: AccessReport) -> None:
         """A host put a chunk into the pool: its length is known and the pool holds it again."""
         self._remember(r.key, r.tenant, r.size, None)
@@ -819,16 +1068,35 @@ class Controller:
                 self._queue.clear()
             per_switch: dict[str, list[Access]] = {name: [] for name in self.switches}
             skew = self.config.report_api.clock_skew_s
-            for r in reports:
-                if r.stored:
-                    self._stored(r)
-                    continue
-                host_id, switch = self._host_of(r)
-                t = r.time
-                if t > now + skew:
-                    self.metrics.clock_skew.inc()
-                t = min(t, now)
+            routed: list[tuple[AccessReport, int, str, float]] = []
+            with self._classes_lock:
+                for r in reports:
+                    t = r.time
+                    if not r.stored and t > now + skew:
+                        self.metrics.clock_skew.inc()
+                    t = min(t, now)
+                    self.classes.observe(
+                        r.tenant,
+                        r.key,
+                        t,
+                        parent=r.parent,
+                        declared=r.kv_class,
+                        use=not r.stored,
+                    )
+                    if r.stored:
+                        self._stored(r)
+                        continue
+                    host_id, switch = self._host_of(r)
+                    routed.append((r, host_id, switch, t))
+                self._apply_classes(now)
+            for r, host_id, switch, t in routed:
                 self._remember(r.key, r.tenant, r.size, t)
+                rt_of = self.switches[switch]
+                name = rt_of.count_class(r.key, "accesses")
+                self.metrics.class_accesses.labels(switch, name).inc()
+                if r.hit is True:
+                    rt_of.count_class(r.key, "hits")
+                    self.metrics.class_hits.labels(switch, name).inc()
                 per_switch[switch].append(
                     Access(
                         r.key,
@@ -841,6 +1109,7 @@ class Controller:
                         r.position,
                     )
                 )
+            self._plan_pushes(reports, routed, now)
             names = list(self.switches)
             results = await asyncio.gather(
                 *(self._tick_switch(self.switches[n], now, per_switch[n]) for n in names),
@@ -929,7 +1198,10 @@ class Controller:
         return summary
 
     def _doorkeeper(self, rt: SwitchRuntime, reported: list[Access]) -> list[Access]:
-        """Holds reported accesses of a chunk back until it has ``policy.min_accesses``."""
+        """Holds reported accesses of a chunk back until it has ``policy.min_accesses``.
+
+        A static chunk passes at once: its reuse is declared, or was measured by the class rule.
+        """
         for a in reported:
             rt.admission.observe(a.key)
         setting = self.config.policy.min_accesses
@@ -939,9 +1211,11 @@ class Controller:
             return reported
         out: list[Access] = []
         held_now = 0
+        static = rt.policy.static_keys()
         for a in reported:
-            if a.key in rt.passed:
-                rt.passed.move_to_end(a.key)
+            if a.key in rt.passed or a.key in static:
+                if a.key in rt.passed:
+                    rt.passed.move_to_end(a.key)
                 out.append(a)
                 continue
             held = rt.held.pop(a.key, [])
@@ -1086,6 +1360,7 @@ class Controller:
         rt.adopted.discard(chunk)
         summary.unloaded[action.value] = summary.unloaded.get(action.value, 0) + 1
         self.metrics.evictions.labels(rt.name, action.value).inc()
+        self.metrics.class_evictions.labels(rt.name, rt.count_class(chunk.key, "evictions")).inc()
         record: dict[str, Any] = {
             "event": "evict",
             "switch": rt.name,
@@ -1153,6 +1428,8 @@ class Controller:
         summary.loaded += 1
         self.metrics.loads.labels(rt.name).inc()
         self.metrics.load_bytes.labels(rt.name).inc(len(data))
+        name = rt.count_class(key, "load_bytes", len(data))
+        self.metrics.class_load_bytes.labels(rt.name, name).inc(len(data))
         _LOG.debug(
             "chunk loaded",
             extra={
@@ -1171,11 +1448,22 @@ class Controller:
         self.metrics.sram_used.labels(rt.name).set(stats.used * c.FRAG_BYTES)
         self.metrics.resident.labels(rt.name).set(len(rt.loader.resident()))
         self.metrics.policy_resident.labels(rt.name).set(len(rt.policy.resident_keys()))
+        for name, nbytes in self._resident_by_class(rt).items():
+            self.metrics.class_resident_bytes.labels(rt.name, name).set(nbytes)
+
+    @staticmethod
+    def _resident_by_class(rt: SwitchRuntime) -> dict[str, int]:
+        """SRAM bytes (whole fragment slots) of the chunks on the switch, by class."""
+        out = dict.fromkeys(KV_CLASS_NAMES, 0)
+        for chunk, entry in rt.loader.resident().items():
+            out[rt.policy.kv_class(chunk.key).value] += entry.frag_count * c.FRAG_BYTES
+        return out
 
     def _refresh_status(self) -> None:
         switches: dict[str, Any] = {}
         for name, rt in self.switches.items():
             stats = rt.loader.allocator.stats()
+            resident = self._resident_by_class(rt)
             switches[name] = {
                 "address": rt.spec.address,
                 "generation": rt.client.generation,
@@ -1187,7 +1475,26 @@ class Controller:
                 "fragmentation": round(stats.fragmentation, 4),
                 "last_tick": asdict(rt.last_tick) if rt.last_tick else None,
                 "recent_demotions": list(rt.demoted)[-8:],
+                "classes": {
+                    name: {**figures, "resident_bytes": resident[name]}
+                    for name, figures in rt.class_figures.items()
+                },
+                "last_push": None
+                if rt.last_push is None
+                else {
+                    "chunks": len(rt.last_push.orders),
+                    "pool_bytes": rt.last_push.pool_bytes,
+                    "unicast_bytes": rt.last_push.unicast_bytes,
+                    "deliveries": rt.last_push.deliveries,
+                    "budget_bytes": rt.last_push.budget_bytes,
+                    "deferred": rt.last_push.deferred,
+                    "too_large": rt.last_push.too_large,
+                },
             }
+        with self._classes_lock:
+            static_chunks = len(self.classes.static())
+            promoted, demoted = dict(self.classes.promoted), dict(self.classes.demoted)
+            refused = self.classes.refused
         self._status = {
             "started": True,
             "started_at": self._started_at,
@@ -1197,6 +1504,10 @@ class Controller:
             "dry_run": self.config.policy.dry_run,
             "tick_s": self.config.tick_s,
             "tracked_keys": len(self._keys),
+            "static_chunks": static_chunks,
+            "static_promotions": promoted,
+            "static_demotions": demoted,
+            "static_refused": refused,
             "switches": switches,
         }
 

@@ -22,6 +22,10 @@ position    index of the block in its chain (0 = first)              no
 event       ``"access"`` (default): the host used the chunk;         no
             ``"stored"``: the host put the chunk into the DRAM pool
             after computing it (the producer path; no ``hit``)
+class       the chunk's KV class as the application declared it:     no
+            ``"static"`` (a prefix every branch and task reuses) or
+            ``"transient"``; absent: undeclared (the controller may
+            still detect it as static, ``controlplane.kvclasses``)
 =========== ======================================================== ========
 
 A ``stored`` record is not an access: the controller learns that the pool holds the chunk and
@@ -67,6 +71,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from controlplane.errors import ControlPlaneError
+from kvcast.kvclass import KvClass, parse_kv_class
 
 __all__ = [
     "EVENT_ACCESS",
@@ -87,7 +92,18 @@ _LOG = logging.getLogger(__name__)
 KEY_MAX = (1 << 64) - 1
 TENANT_MAX = 0xFFFF
 MAX_HOST_NAME = 253
-_FIELDS = ("tenant", "key", "size", "host", "time", "hit", "parent", "position", "event")
+_FIELDS = (
+    "tenant",
+    "key",
+    "size",
+    "host",
+    "time",
+    "hit",
+    "parent",
+    "position",
+    "event",
+    "class",
+)
 EVENT_ACCESS, EVENT_STORED = "access", "stored"
 _EVENTS = (EVENT_ACCESS, EVENT_STORED)
 _REQUIRED = ("tenant", "key", "size", "host", "time")
@@ -107,6 +123,7 @@ class AccessReport:
         parent: key of the previous block of its prefix chain, if known.
         position: index in the chain, if known.
         event: ``"access"`` (the host used it) or ``"stored"`` (the host put it into the pool).
+        kv_class: the class the application declared (``"class"`` in JSON), None if undeclared.
     """
 
     tenant: int
@@ -118,6 +135,7 @@ class AccessReport:
     parent: int | None = None
     position: int | None = None
     event: str = EVENT_ACCESS
+    kv_class: KvClass | None = None
 
     @property
     def stored(self) -> bool:
@@ -141,6 +159,8 @@ class AccessReport:
             out["position"] = self.position
         if self.event != EVENT_ACCESS:
             out["event"] = self.event
+        if self.kv_class is not None:
+            out["class"] = self.kv_class.value
         return out
 
 
@@ -231,6 +251,11 @@ def _record(raw: object, path: str) -> AccessReport:
         raise ReportError(f"{path}.hit: a stored record has no hit (it was computed, not fetched)")
     if position is not None and (not _is_int(position) or not 0 <= position < 1 << 31):
         raise ReportError(f"{path}.position: expected a non-negative integer, got {position!r}")
+    raw_class = raw.get("class")
+    try:
+        kv_class = None if raw_class is None else parse_kv_class(raw_class)
+    except ValueError as exc:
+        raise ReportError(f"{path}.class: {exc}") from None
     return AccessReport(
         tenant=int(tenant),
         key=_key(raw["key"], f"{path}.key"),
@@ -241,6 +266,7 @@ def _record(raw: object, path: str) -> AccessReport:
         parent=None if parent is None else _key(parent, f"{path}.parent"),
         position=None if position is None else int(position),
         event=event,
+        kv_class=kv_class,
     )
 
 

@@ -68,6 +68,7 @@ from hostagent.integrity import MAC_BYTES, check_keys, chunk_mac, mac_key_of
 from hostagent.layout import MAX_FRAGMENTS, KVLayout
 from hostagent.reports import ReportSink, entry_from_fetch
 from kvcast import p4constants as c
+from kvcast.kvclass import KvClass
 from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, chunk_crc_seed
 from poolnode.backend import PoolBackend
@@ -313,6 +314,7 @@ class ChunkRequest:
         nbytes: chunk length; default: ``dst.numel()``.
         parent: key of the previous block of the prefix chain (for the access report).
         position: the block's index in its chain (for the access report).
+        kv_class: the chunk's declared KV class (for the access report; None: undeclared).
     """
 
     tenant: int
@@ -321,6 +323,7 @@ class ChunkRequest:
     nbytes: int | None = None
     parent: int | None = None
     position: int | None = None
+    kv_class: KvClass | None = None
 
 
 @dataclass(slots=True)
@@ -761,6 +764,7 @@ class FetchClient:
         first_wait_s: float | None = None,
         parent: int | None = None,
         position: int | None = None,
+        kv_class: KvClass | None = None,
     ) -> FetchReport:
         """Receives one chunk from the group's multicast stream, repairing gaps by unicast.
 
@@ -785,6 +789,7 @@ class FetchClient:
                 ``stall_s``.
             parent: key of the previous block of the prefix chain (for the access report).
             position: the block's index in its chain (for the access report).
+            kv_class: the chunk's declared class (for the access report).
 
         Returns:
             The report (``stalled`` and ``repairs`` say whether and how much it repaired). Only
@@ -810,7 +815,7 @@ class FetchClient:
             self._rbuf[:n] = datagram
             self._receive(st, n)
         st.report.stashed += len(kept)
-        return self._finish(st, parent, position)
+        return self._finish(st, parent, position, kv_class)
 
     def fetch_many(
         self,
@@ -890,7 +895,7 @@ class FetchClient:
                     reason = give_up.reason
                 mac_s = time.monotonic() - t0
             duration = st.ended - st.started + mac_s
-            reports.append(self._conclude(st, reason, duration, r.parent, r.position))
+            reports.append(self._conclude(st, reason, duration, r.parent, r.position, r.kv_class))
         return reports
 
     @staticmethod
@@ -931,7 +936,13 @@ class FetchClient:
         st.stream[6] = self._data_frags
         return st
 
-    def _finish(self, st: _State, parent: int | None, position: int | None) -> FetchReport:
+    def _finish(
+        self,
+        st: _State,
+        parent: int | None,
+        position: int | None,
+        kv_class: KvClass | None = None,
+    ) -> FetchReport:
         """Runs a fetch to its outcome, then hands its access record to the reporter."""
         start = time.monotonic()
         reason: RecomputeReason | None = None
@@ -942,7 +953,7 @@ class FetchClient:
                 self._verify_mac(st, secret, start + self.deadline_s)
         except _GiveUp as give_up:
             reason = give_up.reason
-        return self._conclude(st, reason, time.monotonic() - start, parent, position)
+        return self._conclude(st, reason, time.monotonic() - start, parent, position, kv_class)
 
     def _conclude(
         self,
@@ -951,6 +962,7 @@ class FetchClient:
         duration_s: float,
         parent: int | None,
         position: int | None,
+        kv_class: KvClass | None = None,
     ) -> FetchReport:
         """Fills in a fetch's outcome (``reason`` None: complete) and hands its record on."""
         report = st.report
@@ -967,7 +979,9 @@ class FetchClient:
             report.path = "switch" if report.frags_hit * 2 >= report.frag_count else "pool"
         if self.reporter is not None:
             try:
-                entry = entry_from_fetch(report, self.report_host, parent=parent, position=position)
+                entry = entry_from_fetch(
+                    report, self.report_host, parent=parent, position=position, kv_class=kv_class
+                )
                 self.reporter.submit([entry])
             except Exception:  # a report must never fail a fetch, whatever the sink does
                 _LOG.exception("access report of chunk %#x not handed over", report.key)

@@ -15,6 +15,13 @@ the same KV: it is not put again (``present``). A partial last block has no key 
 cache it either) and is not stored. A put that fails is counted, never retried here and never
 reported as stored: the chunk is simply not shareable, and other hosts will recompute it.
 
+KV classes (``kvcast.kvclass``): the caller may declare the first ``static_blocks`` blocks static
+(a system prompt and tool definitions every branch reuses) and the rest of the prompt a class of
+its own (``kv_class``; None: undeclared). Static chunks are put as static (the pool keeps them
+over transient ones: Mooncake's soft pin), everything else as transient, and each ``"stored"``
+record carries its declared class to the controller. A chunk the pool already holds is not put
+again, so a declaration does not re-pin it.
+
 Classes:
     ProducerError: the caller passed chunks that do not belong to the prompt.
     PublishReport: what one publish did.
@@ -28,6 +35,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,6 +43,7 @@ from hostagent.chunkkeys import ChunkKey, ChunkKeyer
 from hostagent.integrity import chunk_mac, mac_key_of
 from hostagent.layout import KVLayout, PagedLayout, block_from_kv, gather_from_paged
 from hostagent.reports import AccessEntry, ReportSink
+from kvcast.kvclass import KvClass
 from poolnode.backend import PoolBackend, PoolBackendError
 
 __all__ = ["Producer", "ProducerError", "PublishReport"]
@@ -122,6 +131,7 @@ class Producer:
         if mac_key is not None:
             chunk_mac(mac_key, tenant, 0, b"")  # checks the key's length now
         self._pool_error = False
+        self._declared: dict[int, KvClass | None] = {}
 
     def full_blocks(self, token_ids: Sequence[int]) -> int:
         """How many full blocks (chunks with a key) ``token_ids`` has."""
@@ -211,7 +221,13 @@ class Producer:
         return self.publish_keyed(ckeys, chunks)
 
     def publish_keyed(
-        self, ckeys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], first: int = 0
+        self,
+        ckeys: Sequence[ChunkKey],
+        chunks: Sequence[torch.Tensor],
+        first: int = 0,
+        *,
+        static_blocks: int = 0,
+        kv_class: KvClass | None = None,
     ) -> PublishReport:
         """Publishes packed chunks under keys the caller computed (e.g. the engine's own hashes).
 
@@ -224,12 +240,15 @@ class Producer:
                 the records come from them).
             chunks: ``chunks[i]`` is block ``first + i``.
             first: the block index of ``chunks[0]`` (the blocks before it are not offered).
+            static_blocks: blocks ``0 .. static_blocks - 1`` are declared static.
+            kv_class: the declared class of the other blocks (None: undeclared, put as
+                transient).
 
         Returns:
             What was stored.
 
         Raises:
-            ProducerError: the chunks run past the keys.
+            ProducerError: the chunks run past the keys, or ``static_blocks`` is negative.
             LayoutError: a chunk does not match the layout (nothing is stored then).
         """
         if first < 0 or first + len(chunks) > len(ckeys):
@@ -237,8 +256,14 @@ class Producer:
                 f"chunks for blocks {first}..{first + len(chunks) - 1} of a prompt with "
                 f"{len(ckeys)} keyed blocks"
             )
+        if static_blocks < 0:
+            raise ProducerError(f"static_blocks must be >= 0, got {static_blocks}")
         for chunk in chunks:
             self.layout.check_chunk(chunk)
+        self._declared = {
+            ck.key: KvClass.STATIC if ck.index < static_blocks else kv_class
+            for ck in ckeys[first : first + len(chunks)]
+        }
         start = time.monotonic()
         report = PublishReport(blocks=len(chunks))
         todo: list[tuple[ChunkKey, torch.Tensor]] = []
@@ -274,13 +299,19 @@ class Producer:
     def _put(self, todo: list[tuple[ChunkKey, torch.Tensor]], report: PublishReport) -> None:
         try:
             items = [(self.tenant, ck.key, chunk.contiguous().numpy().data) for ck, chunk in todo]
-            if self.mac_key is not None:
-                # The MACs go first: a chunk is never in the pool without its MAC.
-                secret = self.mac_key
-                self.backend.put_many(
-                    (t, mac_key_of(k), chunk_mac(secret, t, k, data)) for t, k, data in items
-                )
-            self.backend.put_many(items)
+            static = [it for it in items if self._declared.get(it[1]) is KvClass.STATIC]
+            others = [it for it in items if self._declared.get(it[1]) is not KvClass.STATIC]
+            for part, kv_class in ((static, KvClass.STATIC), (others, KvClass.TRANSIENT)):
+                if not part:
+                    continue
+                if self.mac_key is not None:
+                    # The MACs go first: a chunk is never in the pool without its MAC.
+                    secret = self.mac_key
+                    self._put_many(
+                        [(t, mac_key_of(k), chunk_mac(secret, t, k, data)) for t, k, data in part],
+                        kv_class,
+                    )
+                self._put_many(part, kv_class)
             done = [ck for ck, _ in todo]
         except PoolBackendError as exc:
             report.error = str(exc)
@@ -290,6 +321,12 @@ class Producer:
         report.failed = len(todo) - len(done)
         report.bytes_stored = len(done) * self.layout.chunk_bytes
         report.stored_keys = [ck.key for ck in done]
+
+    def _put_many(self, items: list[tuple[int, int, Any]], kv_class: KvClass) -> None:
+        if kv_class is KvClass.TRANSIENT:
+            self.backend.put_many(items)  # the default class
+        else:
+            self.backend.put_many(items, kv_class=kv_class)
 
     def _report(self, ckeys: Sequence[ChunkKey], report: PublishReport) -> None:
         assert self.reporter is not None
@@ -305,6 +342,7 @@ class Producer:
                 parent=ckeys[ck.index - 1].key if ck.index > 0 else None,
                 position=ck.index,
                 event="stored",
+                kv_class=self._declared.get(ck.key),
             )
             for ck in ckeys
             if ck.key in stored

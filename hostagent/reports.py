@@ -52,6 +52,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvcast.kvclass import KvClass
+
 if TYPE_CHECKING:
     from hostagent.fetch import FetchReport
 
@@ -90,6 +92,8 @@ class AccessEntry:
         position: index of the block in its chain (0 = first), if known.
         event: ``"access"`` (the host used the chunk) or ``"stored"`` (the host put it into
             the DRAM pool after computing it; ``hit`` is then None).
+        kv_class: the chunk's class as the application declared it (``"class"``; None:
+            undeclared).
     """
 
     tenant: int
@@ -101,6 +105,7 @@ class AccessEntry:
     parent: int | None = None
     position: int | None = None
     event: str = "access"
+    kv_class: KvClass | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The record as ``POST /v1/reports`` takes it (optional fields left out when None)."""
@@ -119,6 +124,8 @@ class AccessEntry:
             out["position"] = self.position
         if self.event != "access":
             out["event"] = self.event
+        if self.kv_class is not None:
+            out["class"] = self.kv_class.value
         return out
 
 
@@ -129,6 +136,7 @@ def entry_from_fetch(
     when: float | None = None,
     parent: int | None = None,
     position: int | None = None,
+    kv_class: KvClass | None = None,
 ) -> AccessEntry:
     """The access record of one fetch (one chunk).
 
@@ -138,6 +146,7 @@ def entry_from_fetch(
         when: Unix seconds of the access; default: now.
         parent: key of the previous block of the prefix chain, if known.
         position: the block's index in its chain, if known.
+        kv_class: the chunk's declared class, if any.
 
     Returns:
         The record; ``hit`` is True when more than half of the chunk's fragments came from the
@@ -155,6 +164,7 @@ def entry_from_fetch(
         hit=hit,
         parent=parent,
         position=position,
+        kv_class=kv_class,
     )
 
 

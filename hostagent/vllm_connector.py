@@ -38,6 +38,11 @@ Worker side (``role == WORKER``):
   (``LoadOptions``: its ``kv_transfer_params``): the leader's GETs name the group and the switch
   replicates the replies to every member; a follower takes the stream
   (``FetchClient.follow``) and repairs gaps by unicast.
+* KV classes (``kvcast.kvclass``): a request may declare its prompt's class (``"class":
+  "static"`` or ``"transient"``) and that its first ``static_tokens`` tokens are static (the
+  blocks wholly inside them: a system prompt and tool definitions every branch reuses). The
+  declared class of each block goes with its access record and its ``"stored"`` record to the
+  controller, and static blocks are put into the pool as static (Mooncake's soft pin).
 * ``wait_for_layer_load`` waits for a synchronous load (one chunk holds every layer, so the first
   layer waits for all); with ``load_async`` the engine goes on and ``get_finished`` reports the
   requests whose loads ended.
@@ -90,6 +95,7 @@ from hostagent.integrity import check_keys
 from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
 from hostagent.producer import Producer
 from hostagent.reports import HttpReporter, ReportSink
+from kvcast.kvclass import KvClass, parse_kv_class
 from poolnode.backend import PoolBackend, PoolBackendError
 
 if TYPE_CHECKING:
@@ -284,8 +290,8 @@ class LoadOptions:
     """What one request asks of kvcast, in its ``kv_transfer_params``.
 
     A request says it with ``SamplingParams(extra_args={"kv_transfer_params": {"kvcast":
-    {"load": ..., "group": ..., "role": ...}}})``, as vLLM's own connectors take per-request
-    transfer parameters.
+    {"load": ..., "group": ..., "role": ..., "class": ..., "static_tokens": ...}}})``, as
+    vLLM's own connectors take per-request transfer parameters.
 
     Attributes:
         load: look the request's prefix up in the pool and load it (False: the engine computes
@@ -296,12 +302,25 @@ class LoadOptions:
         follower: this engine receives the group's stream instead of asking (another engine
             leads); gaps are repaired by unicast.
         save: publish the request's newly computed prompt blocks (when the connector saves).
+        kv_class: the declared class of the prompt's blocks (``"class"``; None: undeclared).
+        static_tokens: the first this many tokens are static: the blocks wholly inside them
+            are declared static whatever ``kv_class`` says.
     """
 
     load: bool = True
     group: int = 0
     follower: bool = False
     save: bool = True
+    kv_class: KvClass | None = None
+    static_tokens: int = 0
+
+    def static_blocks(self, block_size: int) -> int:
+        """How many blocks from the first are declared static."""
+        return self.static_tokens // block_size
+
+    def class_of(self, position: int, block_size: int) -> KvClass | None:
+        """The declared class of block ``position`` (None: undeclared)."""
+        return KvClass.STATIC if position < self.static_blocks(block_size) else self.kv_class
 
     @classmethod
     def of(cls, params: Mapping[str, Any] | None) -> LoadOptions:
@@ -315,7 +334,7 @@ class LoadOptions:
             return cls()
         if not isinstance(raw, Mapping):
             raise ConnectorConfigError(f"kv_transfer_params['kvcast'] is not a mapping: {raw!r}")
-        unknown = sorted(set(raw) - {"load", "group", "role", "save"})
+        unknown = sorted(set(raw) - {"load", "group", "role", "save", "class", "static_tokens"})
         if unknown:
             raise ConnectorConfigError(f"unknown kvcast request option {unknown[0]!r}")
         role = raw.get("role", "leader")
@@ -326,8 +345,28 @@ class LoadOptions:
             raise ConnectorConfigError(f"kvcast group {group!r} is not a 16-bit group id")
         if role == "follower" and group == 0:
             raise ConnectorConfigError("a kvcast follower needs a group")
+        kv_class = None
+        if raw.get("class") is not None:
+            try:
+                kv_class = parse_kv_class(raw["class"])
+            except ValueError as exc:
+                raise ConnectorConfigError(f"kvcast class: {exc}") from None
+        static_tokens = raw.get("static_tokens", 0)
+        if (
+            not isinstance(static_tokens, int)
+            or isinstance(static_tokens, bool)
+            or static_tokens < 0
+        ):
+            raise ConnectorConfigError(
+                f"kvcast static_tokens {static_tokens!r} is not a non-negative token count"
+            )
         return cls(
-            bool(raw.get("load", True)), group, role == "follower", bool(raw.get("save", True))
+            bool(raw.get("load", True)),
+            group,
+            role == "follower",
+            bool(raw.get("save", True)),
+            kv_class,
+            static_tokens,
         )
 
 
@@ -344,6 +383,7 @@ class ChunkLoad:
         targets: ``(request id, engine block id)`` for every request of the step that needs it.
         group: multicast group of the fetch (0: none; ``LoadOptions``).
         follower: receive the group's stream rather than ask.
+        kv_class: its declared class (static when any request that needs it says so).
     """
 
     tenant: int
@@ -353,6 +393,7 @@ class ChunkLoad:
     targets: list[tuple[str, int]] = field(default_factory=list)
     group: int = 0
     follower: bool = False
+    kv_class: KvClass | None = None
 
 
 @dataclass(slots=True)
@@ -365,6 +406,8 @@ class ChunkSave:
         digests: vLLM's block hashes of blocks ``0 .. first + len(block_ids) - 1``.
         first: index of the first block to publish.
         block_ids: engine block ids of blocks ``first ..``.
+        static_blocks: blocks ``0 .. static_blocks - 1`` are declared static.
+        kv_class: the declared class of the other blocks (None: undeclared).
     """
 
     req_id: str
@@ -372,6 +415,8 @@ class ChunkSave:
     digests: list[bytes]
     first: int
     block_ids: list[int]
+    static_blocks: int = 0
+    kv_class: KvClass | None = None
 
 
 @dataclass
@@ -647,6 +692,9 @@ class KvcastConnector(KVConnectorBase_V1):
                     load = by_chunk[(tenant, key, opts.group, opts.follower)] = ChunkLoad(
                         tenant, key, parent, position, group=opts.group, follower=opts.follower
                     )
+                declared = opts.class_of(position, self.block_size)
+                if declared is KvClass.STATIC or load.kv_class is None:
+                    load.kv_class = declared
                 load.targets.append((req_id, block_id))
             meta.load_reqs.append(req_id)
         meta.loads = sorted(by_chunk.values(), key=lambda ld: ld.position)
@@ -669,7 +717,8 @@ class KvcastConnector(KVConnectorBase_V1):
             request = self._requests.get(req_id)
             if request is None or req_id not in computed:
                 continue
-            if not self._options.get(req_id, LoadOptions()).save:
+            opts = self._options.get(req_id, LoadOptions())
+            if not opts.save:
                 continue
             upto = min(computed[req_id] + scheduled, request.num_prompt_tokens)
             end = min(upto // bs, len(request.block_hashes))
@@ -684,6 +733,8 @@ class KvcastConnector(KVConnectorBase_V1):
                     [bytes(h) for h in request.block_hashes[:end]],
                     first,
                     list(block_ids[first:end]),
+                    opts.static_blocks(bs),
+                    opts.kv_class,
                 )
             )
             self._known_upto[req_id] = end
@@ -837,7 +888,13 @@ class KvcastConnector(KVConnectorBase_V1):
                 break
             requests = [
                 ChunkRequest(
-                    load.tenant, load.key, buf, layout.chunk_bytes, load.parent, load.position
+                    load.tenant,
+                    load.key,
+                    buf,
+                    layout.chunk_bytes,
+                    load.parent,
+                    load.position,
+                    load.kv_class,
                 )
                 for (_, load), buf in zip(batch, bufs, strict=False)
             ]
@@ -882,7 +939,7 @@ class KvcastConnector(KVConnectorBase_V1):
                     r.tenant, r.key, r.dst, r.nbytes,
                     stall_s=self.config.follow_stall_s,
                     first_wait_s=self.config.follow_first_wait_s,
-                    parent=r.parent, position=r.position,
+                    parent=r.parent, position=r.position, kv_class=r.kv_class,
                 )  # fmt: skip
                 out.append(report)
                 if not report.ok:
@@ -1009,28 +1066,24 @@ class KvcastConnector(KVConnectorBase_V1):
                 chunks.append(chunk)
             self.saved.extend((save.tenant, k.key) for k in ckeys[save.first :])
             if not self.config.save_async:
-                self._publish(save.tenant, save.req_id, ckeys, chunks, save.first)
+                self._publish(save, ckeys, chunks)
                 continue
             if self._saver is None:
                 self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvcast-save")
-            self._pending_saves.append(
-                self._saver.submit(
-                    self._publish, save.tenant, save.req_id, ckeys, chunks, save.first
-                )
-            )
+            self._pending_saves.append(self._saver.submit(self._publish, save, ckeys, chunks))
         self._pending_saves = [f for f in self._pending_saves if not f.done()]
 
-    def _publish(
-        self,
-        tenant: int,
-        req_id: str,
-        ckeys: list[ChunkKey],
-        chunks: list[torch.Tensor],
-        first: int,
-    ) -> None:
+    def _publish(self, save: ChunkSave, ckeys: list[ChunkKey], chunks: list[torch.Tensor]) -> None:
         """One request's blocks into the pool (the producer path); failures are logged."""
+        req_id = save.req_id
         try:
-            report = self._producer(tenant).publish_keyed(ckeys, chunks, first)
+            report = self._producer(save.tenant).publish_keyed(
+                ckeys,
+                chunks,
+                save.first,
+                static_blocks=save.static_blocks,
+                kv_class=save.kv_class,
+            )
         except Exception:  # a save that fails costs reuse, never the engine
             _LOG.exception("kvcast: publishing %d chunks of %s raised", len(chunks), req_id)
             return

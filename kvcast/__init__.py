@@ -3,6 +3,7 @@
 Modules:
     p4constants: names, ids, opcodes and sizes generated from the P4 source (``make constants``).
     wire: the KVP wire format (header packing, fragment CRCs, Ethernet/IPv4/UDP framing).
+    kvclass: the KV classes (static, transient) and their JSON names.
     gen_constants: the generator behind ``make constants``.
     fabric: a leaf-spine fabric's forwarding plan (routes, trees, cache placement), which the
         controller and the emulation both install.

@@ -7,7 +7,15 @@ pool node (``MooncakeBackend``) with ``protocol="tcp"`` and the peer-to-peer han
 (``metadata_server="P2PHANDSHAKE"``), so no etcd or HTTP metadata server is needed.
 
 Data moves with the store's pointer calls (``put_from``, ``batch_put_from``, ``get_into``) so a
-chunk is copied once between the store and the caller's buffer. Mooncake answers with integer
+chunk is copied once between the store and the caller's buffer.
+
+Static chunks (``kvcast.kvclass``) are put with a soft pin: the ``ReplicateConfig`` of the
+batched put has ``soft_pin_action = SoftPinAction.ENABLE`` (and ``soft_pin_ttl_ms`` when given),
+and the master evicts soft-pinned objects only when nothing unpinned is left to evict
+(``mooncake_master --allow_evict_soft_pinned_objects``, default true; a pin without a TTL lasts
+the master's ``--default_kv_soft_pin_ttl``, 30 minutes by default). A static put of an object
+that exists already (put as transient) is an upsert with the pin, so the pin is never lost to
+"already exists". Transient chunks are put as before, unpinned. Mooncake answers with integer
 status codes; this module turns them into ``None``/``False`` for a missing object and into a
 ``PoolBackendError`` naming the code otherwise.
 
@@ -51,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcast.kvclass import KvClass
 from poolnode.backend import BytesLike, PoolBackend, PoolBackendError, check_name
 
 PACKAGE = "mooncake-transfer-engine-non-cuda"
@@ -425,6 +434,7 @@ class MooncakeBackend(PoolBackend):
         protocol: transfer protocol; ``"tcp"`` on machines without RDMA.
         device_name: RDMA devices (empty for TCP).
         prefix: object name prefix, to share one store between deployments.
+        static_pin_ttl_ms: the soft pin's TTL of static chunks (None: the master's default).
 
     Raises:
         MooncakeUnavailableError: the Mooncake package is not installed.
@@ -441,9 +451,10 @@ class MooncakeBackend(PoolBackend):
         protocol: str = "tcp",
         device_name: str = "",
         prefix: str = "kvcast",
+        static_pin_ttl_ms: int | None = None,
     ) -> None:
         try:
-            from mooncake.store import MooncakeDistributedStore
+            from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
         except ImportError as exc:
             raise MooncakeUnavailableError(
                 f"Mooncake Store is not importable ({exc}): pip install {PACKAGE} (Debian also "
@@ -451,6 +462,12 @@ class MooncakeBackend(PoolBackend):
             ) from exc
         self.prefix = prefix
         self.master_addr = master_addr
+        if static_pin_ttl_ms is not None and static_pin_ttl_ms <= 0:
+            raise ValueError(f"static_pin_ttl_ms must be positive, got {static_pin_ttl_ms}")
+        self._pinned: Any = ReplicateConfig()
+        self._pinned.soft_pin_action = SoftPinAction.ENABLE
+        if static_pin_ttl_ms is not None:
+            self._pinned.soft_pin_ttl_ms = static_pin_ttl_ms
         _check_reachable(master_addr)
         self._store: Any = MooncakeDistributedStore()
         rc = self._store.setup(
@@ -507,14 +524,28 @@ class MooncakeBackend(PoolBackend):
             return None if n is None else bytes(buf[:n])
         raise PoolBackendError(f"chunk {key:#x} of tenant {tenant} kept changing size")
 
-    def put(self, tenant: int, key: int, data: BytesLike) -> None:  # noqa: D102
-        self.put_many([(tenant, key, data)])
+    def put(  # noqa: D102
+        self, tenant: int, key: int, data: BytesLike, *, kv_class: KvClass = KvClass.TRANSIENT
+    ) -> None:
+        self.put_many([(tenant, key, data)], kv_class=kv_class)
 
-    def put_many(self, items: Iterable[tuple[int, int, BytesLike]]) -> None:
-        """Stores several chunks with one ``batch_put_from``.
+    @property
+    def static_config(self) -> Any:
+        """The ``ReplicateConfig`` static chunks are put with (soft pin on)."""
+        return self._pinned
+
+    def put_many(
+        self,
+        items: Iterable[tuple[int, int, BytesLike]],
+        *,
+        kv_class: KvClass = KvClass.TRANSIENT,
+    ) -> None:
+        """Stores several chunks with one ``batch_put_from`` (soft-pinned when static).
 
         Args:
             items: ``(tenant, key, data)`` triples.
+            kv_class: their class; static chunks are put with :attr:`static_config`, and those
+                that exist already are upserted with it (one ``batch_upsert_from``).
 
         Raises:
             ValueError: an empty chunk or a name that does not fit the wire fields.
@@ -535,7 +566,21 @@ class MooncakeBackend(PoolBackend):
             sizes.append(int(arr.size))
         if not names:
             return
-        codes = [int(rc) for rc in self._store.batch_put_from(names, ptrs, sizes)]
+        if kv_class is KvClass.STATIC:
+            pin = self._pinned
+            codes = [int(rc) for rc in self._store.batch_put_from(names, ptrs, sizes, pin)]
+            again = [i for i, rc in enumerate(codes) if rc == OBJECT_ALREADY_EXISTS]
+            if again:
+                upserted = self._store.batch_upsert_from(
+                    [names[i] for i in again],
+                    [ptrs[i] for i in again],
+                    [sizes[i] for i in again],
+                    pin,
+                )
+                for i, rc in zip(again, upserted, strict=True):
+                    codes[i] = int(rc)
+        else:
+            codes = [int(rc) for rc in self._store.batch_put_from(names, ptrs, sizes)]
         failed = [
             f"{n}: {_describe(rc)}"
             for n, rc in zip(names, codes, strict=True)

@@ -15,6 +15,14 @@ The same object serves two modes:
   (:meth:`CachePolicy.rank`) and returns the difference between the best set that fits and the
   current resident set.
 
+KV classes (``kvcast.kvclass``): the controller tells the policy which chunks are static
+(:meth:`CachePolicy.set_kv_class`); every other chunk is transient. A batch re-select fills the
+budget with the static chunks first (in the policy's own order) and then the transient ones, so
+under pressure transient chunks leave first and a static chunk is evicted only for another
+static one or when static chunks alone overflow the budget. A prefix of a static chunk counts as
+static (a block is served only with its whole prefix). The online decision (:meth:`observe`) is
+each policy's own and does not look at classes: the controller decides in batches.
+
 Classes:
     Access: one observed access to a chunk (the policy's only input).
     EvictAction: DROP a chunk, or DEMOTE it to a lower tier because it still has value.
@@ -48,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.errors import ConfigError, ControlPlaneError
+from kvcast.kvclass import KvClass
 
 __all__ = [
     "NO_CHANGE",
@@ -349,6 +358,10 @@ class CachePolicy(abc.ABC):
         # The latest time seen (accesses, ticks): what invalidate() evaluates a residual at.
         self._latest = 0.0
         self._demote_threshold = float(demote_threshold)
+        self._static: set[int] = set()
+        # The last access of each static key, so that a policy that forgot the key (a bounded
+        # history) can still be told to keep it: key -> (tenant, size, parent).
+        self._static_seen: dict[int, tuple[int, int, int | None]] = {}
 
     # ------------------------------------------------------------------ state queries
     @property
@@ -378,6 +391,54 @@ class CachePolicy(abc.ABC):
         """The keys resident in SRAM now."""
         return frozenset(self._resident)
 
+    # ------------------------------------------------------------------ KV classes
+    def set_kv_class(self, key: int, kv_class: KvClass) -> None:
+        """Sets a chunk's class; the next batch re-select keeps static chunks first.
+
+        Args:
+            key: chunk key (tracked or not: the class waits for the chunk's accesses).
+            kv_class: its class.
+        """
+        if kv_class is KvClass.STATIC:
+            self._static.add(key)
+        else:
+            self._static.discard(key)
+            self._static_seen.pop(key, None)
+
+    def kv_class(self, key: int) -> KvClass:
+        """A chunk's class as set by :meth:`set_kv_class` (TRANSIENT unless set static)."""
+        return KvClass.STATIC if key in self._static else KvClass.TRANSIENT
+
+    def static_keys(self) -> frozenset[int]:
+        """The keys set static."""
+        return frozenset(self._static)
+
+    def resident_bytes_by_class(self) -> dict[KvClass, int]:
+        """Bytes of resident chunks per class (the policy's own figure of what SRAM holds)."""
+        out = dict.fromkeys(KvClass, 0)
+        for key, entry in self._resident.items():
+            out[KvClass.STATIC if key in self._static else KvClass.TRANSIENT] += entry.size
+        return out
+
+    def _note_static(self, access: Access) -> None:
+        if access.key in self._static:
+            self._static_seen[access.key] = (access.tenant, access.size, access.parent)
+
+    def _static_closure(self, parent_of: Callable[[int], int | None]) -> set[int]:
+        """The static keys and every ancestor of theirs that ``parent_of`` knows.
+
+        Args:
+            parent_of: a tracked key's parent (None: first block or unknown); called only for
+                keys the policy tracks.
+        """
+        tier: set[int] = set()
+        for key in self._static:
+            k: int | None = key
+            while k is not None and k not in tier:
+                tier.add(k)
+                k = parent_of(k)
+        return tier
+
     # ------------------------------------------------------------------ inputs
     def observe(self, access: Access) -> Decision:
         """Online mode: account for one access and decide at once.
@@ -394,6 +455,7 @@ class CachePolicy(abc.ABC):
         _check_access(access)
         self._latest = max(self._latest, access.time)
         self._update(access)
+        self._note_static(access)
         if access.size > self._capacity and access.key not in self._resident:
             return Decision(refused=(access.key,))
         return self._decide(access)
@@ -412,6 +474,7 @@ class CachePolicy(abc.ABC):
         _check_access(access)
         self._latest = max(self._latest, access.time)
         self._update(access)
+        self._note_static(access)
 
     def record_many(self, accesses: Iterable[Access]) -> int:
         """Batch mode: :meth:`record` every access of an iterable.
@@ -427,6 +490,7 @@ class CachePolicy(abc.ABC):
             _check_access(access)
             self._latest = max(self._latest, access.time)
             self._update(access)
+            self._note_static(access)
             n += 1
         return n
 
@@ -526,6 +590,8 @@ class CachePolicy(abc.ABC):
                 at = self._latest if now is None else now
                 evictions.append(self._evict(k, at, action=EvictAction.DROP))
         self._forget(key)
+        self._static.discard(key)
+        self._static_seen.pop(key, None)
         return Decision(evict=tuple(evictions)) if evictions else NO_CHANGE
 
     def _invalidation_set(self, key: int) -> list[int]:
@@ -548,7 +614,8 @@ class CachePolicy(abc.ABC):
         """Batch re-rank: fill the budget greedily from :meth:`rank` and apply the difference.
 
         A candidate whose ``parent`` is known but not selected is skipped, so the selected
-        set stays prefix-closed whenever the policy reports parents.
+        set stays prefix-closed whenever the policy reports parents. Static chunks (and their
+        ancestors) are taken before transient ones, each group in rank order.
 
         Args:
             now: current time in seconds.
@@ -558,6 +625,18 @@ class CachePolicy(abc.ABC):
         """
         self._latest = max(self._latest, now)
         ranked = self.rank(now)
+        if self._static:
+            # Static chunks the policy no longer ranks (a bounded history forgot them) are
+            # still candidates, after the static ones it ranks.
+            ranked_keys = {r.key for r in ranked}
+            ranked += [
+                Ranked(key, tenant, size, 0.0, key in self._resident, parent)
+                for key, (tenant, size, parent) in self._static_seen.items()
+                if key not in ranked_keys
+            ]
+            parents = {r.key: r.parent for r in ranked}
+            tier = self._static_closure(parents.get)
+            ranked = [r for r in ranked if r.key in tier] + [r for r in ranked if r.key not in tier]
         chosen: dict[int, Ranked] = {}
         free = self._capacity
         for item in ranked:

@@ -908,6 +908,10 @@ class KvcastPolicy(CachePolicy):
     def _knows(self, key: int) -> bool:
         return key in self._meta
 
+    def _parent_of(self, key: int) -> int | None:
+        m = self._meta.get(key)
+        return None if m is None else m.parent
+
     # ------------------------------------------------------------------ batch ranking
     def rank(self, now: float) -> list[Ranked]:
         """Every tracked chunk by decreasing prefix-clamped score (deeper blocks last on ties).
@@ -940,8 +944,9 @@ class KvcastPolicy(CachePolicy):
     def select(self, now: float) -> Decision:
         """Batch re-select with hysteresis: residents rank as if worth ``1 + hysteresis`` more.
 
-        Fills the budget greedily by value density, skipping blocks whose tracked parent was
-        not selected (prefix closure), and returns the difference from the resident set.
+        Fills the budget greedily by value density, static chunks (and their ancestors) before
+        transient ones, skipping blocks whose tracked parent was not selected (prefix closure),
+        and returns the difference from the resident set.
 
         Args:
             now: current time in seconds.
@@ -952,7 +957,13 @@ class KvcastPolicy(CachePolicy):
         keys, _, pri, depth, resident, min_size = self._columns()
         if not keys or min_size is None:
             return NO_CHANGE
-        order = np.lexsort((depth, -(pri + np.where(resident, self._log_margin, 0.0))))
+        value = -(pri + np.where(resident, self._log_margin, 0.0))
+        if self._static:
+            tier = self._static_closure(self._parent_of)
+            transient = np.fromiter((k not in tier for k in keys), bool, len(keys))
+            order = np.lexsort((depth, value, transient))
+        else:
+            order = np.lexsort((depth, value))
         chosen: dict[int, Ranked] = {}
         free = self._capacity
         x = self._xs(now)

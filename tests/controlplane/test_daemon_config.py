@@ -142,10 +142,21 @@ def test_unknown_settings_are_errors_with_a_suggestion() -> None:
         (with_(sketch={"threshold": 0}), "sketch.threshold"),
         (with_(metrics={"listen": "0.0.0.0:9"}, report_api={"listen": "0.0.0.0:9"}), "both use"),
         (with_(log_level="LOUD"), "log_level"),
+        (with_(classes={"min_uses": 1}), "classes.min_uses: 1 is outside 2..65536"),
+        (with_(classes={"min_span_s": 600.0}), "classes.min_span_s"),
+        (with_(classes={"window": 5}), "classes.window: unknown setting; did you mean 'window_s'"),
+        (with_(push={"budget_bytes_per_tick": -1}), "push.budget_bytes_per_tick"),
     ],
 )
 def test_invalid_settings_are_named_by_their_path(raw: object, message: str) -> None:
     bad(raw, message)
+
+
+def test_the_class_rule_takes_its_settings_and_defaults() -> None:
+    config = parse_config(with_(classes={"min_uses": 3, "detect": False}))
+    assert (config.classes.min_uses, config.classes.detect) == (3, False)
+    assert config.classes.window_s == 600.0 and config.classes.min_span_s == 60.0
+    assert parse_config(MINIMAL).push_budget_bytes == 0
 
 
 def test_metrics_can_be_turned_off() -> None:

@@ -27,6 +27,7 @@ from controlplane.policies import (
 )
 from controlplane.policies.kvcast import _ext as kvcast_native_ext
 from controlplane.policies.lru import LruPolicy
+from kvcast.kvclass import KvClass
 
 BLOCK = 1000
 ALL = available_policies()
@@ -284,3 +285,62 @@ def test_register_policy_refuses_a_taken_name() -> None:
     with pytest.raises(PolicyConfigError, match="already registered"):
         register_policy("lru")(Other)
     assert policy_class("lru") is LruPolicy
+
+
+# ---------------------------------------------------------------------- KV classes
+ONLINE = available_policies(include_offline=False)
+
+
+def _class_workload(t0: float, branch_keys: Sequence[int], reps: int = 2) -> list[Access]:
+    """A static prefix 1 -> 2 used once early, then branch suffixes used ``reps`` times each."""
+    out = [Access(1, 0, BLOCK, 0, t0, None, None, 0), Access(2, 0, BLOCK, 0, t0, None, 1, 1)]
+    for i, key in enumerate(branch_keys):
+        for rep in range(reps):
+            out.append(Access(key, 0, BLOCK, 1 + i, t0 + 1 + i + rep * 0.1, None, None, 0))
+    return out
+
+
+@pytest.mark.parametrize("name", ONLINE)
+def test_transient_chunks_leave_before_static_ones_under_pressure(name: str) -> None:
+    plain = make_policy(name, capacity_bytes=4 * BLOCK)
+    classed = make_policy(name, capacity_bytes=4 * BLOCK)
+    for key in (1, 2):  # the controller marks every block of a static prefix
+        classed.set_kv_class(key, KvClass.STATIC)
+    for policy in (plain, classed):
+        policy.record_many(_class_workload(0.0, [10, 11, 12, 13]))
+        policy.select(10.0)
+    assert not {1, 2} <= plain.resident_keys(), "the workload must put the prefix at risk"
+    assert {1, 2} <= classed.resident_keys()
+    # A new, hotter set of branches: every eviction it causes is transient.
+    classed.record_many(_class_workload(20.0, [20, 21, 22, 23, 24], reps=6)[2:])
+    decision = classed.select(30.0)
+    assert all(ev.key not in (1, 2) for ev in decision.evict)
+    assert {1, 2} <= classed.resident_keys() and len(classed.resident_keys()) == 4
+    assert classed.resident_bytes_by_class() == {
+        KvClass.STATIC: 2 * BLOCK,
+        KvClass.TRANSIENT: 2 * BLOCK,
+    }
+
+
+def test_kvcast_keeps_the_tracked_ancestors_of_a_static_block() -> None:
+    policy = make_policy("kvcast", capacity_bytes=4 * BLOCK)
+    policy.set_kv_class(2, KvClass.STATIC)  # 1 is its parent: a prefix of a static prefix
+    policy.record_many(_class_workload(0.0, [10, 11, 12, 13]))
+    policy.select(10.0)
+    policy.record_many(_class_workload(20.0, [20, 21, 22, 23, 24], reps=6)[2:])
+    policy.select(30.0)
+    assert {1, 2} <= policy.resident_keys()
+
+
+@pytest.mark.parametrize("name", ["kvcast", "lru"])
+def test_a_chunk_set_back_to_transient_competes_on_its_value_again(name: str) -> None:
+    policy = make_policy(name, capacity_bytes=4 * BLOCK)
+    policy.set_kv_class(2, KvClass.STATIC)
+    policy.record_many(_class_workload(0.0, [10, 11, 12, 13]))
+    policy.select(10.0)
+    assert 2 in policy.resident_keys()
+    policy.set_kv_class(2, KvClass.TRANSIENT)
+    assert policy.kv_class(2) is KvClass.TRANSIENT and not policy.static_keys()
+    policy.record_many(_class_workload(20.0, [20, 21, 22, 23], reps=6)[2:])
+    policy.select(30.0)
+    assert 2 not in policy.resident_keys()

@@ -23,6 +23,7 @@ from controlplane.reports import (
     parse_reports,
     report_routes,
 )
+from kvcast.kvclass import KvClass
 
 GOOD = {
     "tenant": 7,
@@ -106,6 +107,30 @@ def test_stored_records_parse_and_round_trip() -> None:
     assert not plain.stored and "event" not in plain.as_json()
 
 
+def test_a_declared_class_parses_and_round_trips() -> None:
+    (r,) = parse_reports(body([{**GOOD, "class": "static"}]))
+    assert r.kv_class is KvClass.STATIC
+    assert r.as_json()["class"] == "static"
+    assert parse_reports(body([r.as_json()])) == [r]
+    (plain,) = parse_reports(body([GOOD]))
+    assert plain.kv_class is None and "class" not in plain.as_json()
+
+
+def test_a_bad_class_is_answered_400_naming_the_field(
+    api: tuple[Sink, ReportClient, str],
+) -> None:
+    sink, _, url = api
+    req = urllib.request.Request(
+        url + "/v1/reports", data=body([{**GOOD, "class": "hot"}]), method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 400
+    error = json.loads(err.value.read())["error"]
+    assert "reports[0].class: expected one of static, transient" in error
+    assert sink.got == []
+
+
 def test_an_empty_list_is_valid() -> None:
     assert parse_reports(b"[]") == []
 
@@ -134,6 +159,8 @@ def test_an_empty_list_is_valid() -> None:
         ([GOOD, {**GOOD, "size": "big"}], "reports[1].size"),
         ([{**GOOD, "event": "deleted"}], "reports[0].event"),
         ([{**GOOD, "event": "stored"}], "a stored record has no hit"),
+        ([{**GOOD, "class": "Static"}], "reports[0].class: expected one of static, transient"),
+        ([{**GOOD, "class": 1}], "reports[0].class"),
     ],
 )
 def test_bad_records_are_named_in_the_error(doc: object, message: str) -> None:

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from hostagent.chunkkeys import ChunkKeyer
+from hostagent.integrity import mac_key_of
 from hostagent.layout import KVLayout, LayoutError, block_from_kv, scatter_to_paged
 from hostagent.producer import Producer, ProducerError
 from hostagent.reports import InMemorySink
+from kvcast.kvclass import KvClass
 from poolnode.backend import BytesLike, InMemoryBackend, PoolBackend, PoolBackendError
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
@@ -109,11 +111,13 @@ class _FailingAfter(InMemoryBackend):
         super().__init__()
         self.ok = ok
 
-    def put_many(self, items: Iterable[tuple[int, int, BytesLike]]) -> None:
+    def put_many(
+        self, items: Iterable[tuple[int, int, BytesLike]], *, kv_class: KvClass = KvClass.TRANSIENT
+    ) -> None:
         for i, (tenant, key, data) in enumerate(items):
             if i >= self.ok:
                 raise PoolBackendError(f"no space for chunk {key:#x}")
-            self.put(tenant, key, data)
+            self.put(tenant, key, data, kv_class=kv_class)
 
 
 def test_a_failed_put_is_counted_and_only_what_landed_is_reported() -> None:
@@ -169,3 +173,22 @@ def test_a_dead_mooncake_master_is_a_counted_failure_not_a_hang() -> None:
         assert report.duration_s < 15
     finally:
         backend.close()
+
+
+def test_static_blocks_and_their_macs_are_put_as_static_and_reported_with_the_class() -> None:
+    backend, sink = InMemoryBackend(), InMemorySink()
+    secret = bytes(range(32))
+    prod = Producer(
+        backend, LAYOUT, ChunkKeyer(BLOCK, SEED), TENANT, reporter=sink, host="h1", mac_key=secret
+    )
+    ckeys = ChunkKeyer(BLOCK, SEED).keys(PROMPT)
+    chunks = [LAYOUT.alloc_chunk() for _ in ckeys]
+    report = prod.publish_keyed(ckeys, chunks, static_blocks=2, kv_class=KvClass.TRANSIENT)
+    assert report.ok and report.stored == 3
+    classes = [backend.kv_class(TENANT, ck.key) for ck in ckeys]
+    assert classes == [KvClass.STATIC, KvClass.STATIC, KvClass.TRANSIENT]
+    macs = [backend.kv_class(TENANT, mac_key_of(ck.key)) for ck in ckeys]
+    assert macs == classes
+    assert [r.kv_class for r in sink.entries] == classes
+    with pytest.raises(ProducerError, match="static_blocks"):
+        prod.publish_keyed(ckeys, chunks, static_blocks=-1)

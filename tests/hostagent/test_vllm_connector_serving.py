@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+from kvcast.kvclass import KvClass
 
 pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
 
@@ -45,6 +48,8 @@ from tests.hostagent.test_vllm_connector import (  # noqa: E402
     switch,  # noqa: F401
 )
 
+S, T = KvClass.STATIC, KvClass.TRANSIENT
+
 
 def add(eng: Engine, req_id: str, tokens: list[int], kvcast: dict[str, Any] | None) -> Request:
     """A request whose sampling params carry ``kv_transfer_params={"kvcast": kvcast}``."""
@@ -75,6 +80,48 @@ def test_request_options_are_read_and_checked() -> None:
     ):
         with pytest.raises(ConnectorConfigError):
             LoadOptions.of({"kvcast": bad})
+
+
+def test_class_options_are_read_and_checked() -> None:
+    opts = LoadOptions.of({"kvcast": {"class": "transient", "static_tokens": 2 * BS + 3}})
+    assert (opts.kv_class, opts.static_blocks(BS)) == (KvClass.TRANSIENT, 2)
+    assert [opts.class_of(i, BS) for i in range(3)] == [S, S, KvClass.TRANSIENT]
+    assert LoadOptions.of(None).class_of(0, BS) is None
+    for bad, message in (
+        ({"class": "hot"}, "expected one of static, transient"),
+        ({"static_tokens": -1}, "static_tokens"),
+        ({"static_tokens": "all"}, "static_tokens"),
+        ({"static_tokens": True}, "static_tokens"),
+    ):
+        with pytest.raises(ConnectorConfigError, match=message):
+            LoadOptions.of({"kvcast": bad})
+
+
+def test_declared_classes_reach_the_pool_and_every_record(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    producer = engine_on_switch(model_dir, switch, host="producer")
+    for kv in producer.caches.values():
+        kv.copy_(torch.randn(kv.shape))
+    add(producer, "p", PROMPT, {"static_tokens": 2 * BS + 3})  # blocks 0 and 1 are static
+    assert producer.run_worker(producer.scheduler.schedule()) == set()
+    keys, backend, sink = hashes(PROMPT), CURRENT["backend"], CURRENT["sink"]
+    assert [backend.kv_class(TENANT, k) for k in keys] == [S, S, T, T]
+    stored = {e.key: e for e in sink.entries if e.event == "stored"}
+    assert [stored[k].kv_class for k in keys] == [S, S, None, None]
+    assert (
+        stored[keys[0]].as_json()["class"] == "static" and "class" not in stored[keys[2]].as_json()
+    )
+    consumer = engine_on_switch(model_dir, switch, host="consumer")
+    add(consumer, "c", PROMPT, {"class": "static", "save": False})
+    out = consumer.scheduler.schedule()
+    assert [ld.kv_class for ld in meta_of(out).loads] == [S] * 4
+    assert consumer.run_worker(out) == set()
+    used = [e for e in sink.entries if e.host == "consumer"]
+    assert [e.key for e in used] == keys and all(e.kv_class is S for e in used)
+    for e in (producer, consumer):
+        e.close()
 
 
 def test_a_request_that_asks_for_nothing_loads_and_saves_nothing(
@@ -244,10 +291,10 @@ class SlowPool(InMemoryBackend):
         super().__init__()
         self.release = threading.Event()
 
-    def put_many(self, items: Any) -> None:
+    def put_many(self, items: Any, *, kv_class: KvClass = KvClass.TRANSIENT) -> None:
         items = list(items)
         assert self.release.wait(10.0)
-        super().put_many(items)
+        super().put_many(items, kv_class=kv_class)
 
 
 def test_saves_run_off_the_step_and_land_once_flushed(model_dir: Path) -> None:  # noqa: F811

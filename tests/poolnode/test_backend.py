@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from poolnode.backend import InMemoryBackend, PoolBackend
+from kvcast.kvclass import KvClass
+from poolnode.backend import ClassFigures, InMemoryBackend, PoolBackend, PoolBackendError
 
 BACKENDS = ["memory", "mooncake"]
 _keys = itertools.count(0x1000)
@@ -106,3 +107,64 @@ def test_empty_chunk_is_refused(backend: PoolBackend) -> None:
 def test_tenant_beyond_16_bits_is_refused(backend: PoolBackend) -> None:
     with pytest.raises(ValueError, match="16-bit"):
         backend.put(1 << 16, 1, b"x")
+
+
+# ---------------------------------------------------------------------- KV classes
+def test_put_many_takes_a_class(backend: PoolBackend) -> None:
+    items = [(3, fresh_key(), os.urandom(64)) for _ in range(3)]
+    backend.put_many(items, kv_class=KvClass.STATIC)
+    assert all(backend.get(t, k) == d for t, k, d in items)
+
+
+def test_a_full_pool_evicts_transient_chunks_before_static_ones() -> None:
+    pool = InMemoryBackend(capacity_bytes=1000)
+    pool.put(1, 1, bytes(300), kv_class=KvClass.STATIC)  # the oldest
+    pool.put(1, 2, bytes(300))
+    pool.put(1, 3, bytes(300))
+    pool.get(1, 2)  # 3 is now the least recently used transient chunk
+    pool.put(1, 4, bytes(300))
+    assert [pool.contains(1, k) for k in (1, 2, 3, 4)] == [True, True, False, True]
+    pool.put(1, 5, bytes(600))  # needs both remaining transient chunks' room
+    assert [pool.contains(1, k) for k in (1, 2, 4, 5)] == [True, False, False, True]
+    figures = pool.class_figures()
+    assert figures[KvClass.TRANSIENT] == ClassFigures(1, 600, 3, 900)
+    assert figures[KvClass.STATIC] == ClassFigures(1, 300, 0, 0)
+
+
+def test_static_chunks_go_only_when_no_transient_one_is_left() -> None:
+    pool = InMemoryBackend(capacity_bytes=1000)
+    pool.put(1, 1, bytes(400), kv_class=KvClass.STATIC)
+    pool.put(1, 2, bytes(400), kv_class=KvClass.STATIC)
+    pool.put(1, 3, bytes(400), kv_class=KvClass.STATIC)
+    assert [pool.contains(1, k) for k in (1, 2, 3)] == [False, True, True]
+    assert pool.class_figures()[KvClass.STATIC].evictions == 1
+    assert pool.used_bytes == 800
+
+
+def test_a_static_chunk_put_again_as_transient_stays_static() -> None:
+    pool = InMemoryBackend(capacity_bytes=1000)
+    pool.put(1, 1, bytes(10), kv_class=KvClass.STATIC)
+    pool.put(1, 1, bytes(10))
+    assert pool.kv_class(1, 1) is KvClass.STATIC
+    pool.put(1, 2, bytes(10))
+    pool.put(1, 2, bytes(10), kv_class=KvClass.STATIC)
+    assert pool.kv_class(1, 2) is KvClass.STATIC and len(pool) == 2
+    assert pool.class_figures()[KvClass.STATIC] == ClassFigures(2, 20, 0, 0)
+
+
+def test_a_chunk_larger_than_the_pool_is_refused_and_nothing_is_evicted() -> None:
+    pool = InMemoryBackend(capacity_bytes=100)
+    pool.put(1, 1, bytes(50))
+    with pytest.raises(PoolBackendError, match="exceeds the pool's capacity"):
+        pool.put(1, 2, bytes(101))
+    assert pool.contains(1, 1) and not pool.contains(1, 2)
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        InMemoryBackend(capacity_bytes=0)
+
+
+def test_an_unbounded_pool_never_evicts() -> None:
+    pool = InMemoryBackend()
+    for k in range(100):
+        pool.put(1, k, bytes(1000))
+    assert len(pool) == 100 and pool.class_figures()[KvClass.TRANSIENT].evictions == 0
+    assert pool.delete(1, 5) and pool.used_bytes == 99_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from hostagent.fetch import FetchClient, RecomputeReason
 from kvcast import p4constants as c
+from kvcast.kvclass import KvClass
 from poolnode import mooncake
 from poolnode.backend import PoolBackendError
 from poolnode.mooncake import (
@@ -155,3 +157,37 @@ def test_pool_server_serves_a_chunk_stored_in_mooncake(
     assert out.numpy().tobytes() == data
     assert reads == 1
     assert missing.reason is RecomputeReason.NOT_FOUND
+
+
+@needs_mooncake
+def test_static_chunks_are_soft_pinned_and_outlive_transient_ones_under_pressure() -> None:
+    mib = 1 << 20
+    with MooncakeMaster() as master:
+        store = MooncakeBackend(master.address, global_segment_size=16 * mib)
+        try:
+            assert "soft_pin_action: ENABLE" in str(store.static_config)
+            for k in range(4):
+                store.put(1, 0x100 + k, bytes([k]) * mib, kv_class=KvClass.STATIC)
+                store.put(1, 0x200 + k, bytes([k]) * mib)  # as old, but transient
+            for k in range(40):  # 40 MiB more through a 16 MiB segment
+                for _ in range(50):
+                    try:
+                        store.put(1, 0x300 + k, bytes([k]) * mib)
+                        break
+                    except PoolBackendError:  # full until the master's eviction runs
+                        time.sleep(0.05)
+            assert all(store.contains(1, 0x100 + k) for k in range(4))
+            assert not any(store.contains(1, 0x200 + k) for k in range(4))
+            assert store.get(1, 0x102) == bytes([2]) * mib
+        finally:
+            store.close()
+
+
+@needs_mooncake
+def test_a_static_put_of_a_chunk_held_as_transient_is_upserted_with_the_pin(
+    mooncake_backend: MooncakeBackend,
+) -> None:
+    key = 0x5717_0000 | os.getpid()
+    mooncake_backend.put(3, key, b"same bytes")
+    mooncake_backend.put(3, key, b"same bytes", kv_class=KvClass.STATIC)  # no "already exists"
+    assert mooncake_backend.get(3, key) == b"same bytes"
