@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import select
@@ -65,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -580,6 +582,8 @@ def run(
     corrupt_check: bool = False,
     dead_pool_check: bool = False,
     trace: TracePlan | None = None,
+    switch_kill_check: bool = False,
+    prefill_us_per_token: float | None = None,
 ) -> dict[str, Any]:
     """The whole sweep on one emulated cluster.
 
@@ -598,6 +602,11 @@ def run(
             right output, and the time it took beyond a plain prefill is what the dead pool
             stalled it.
         trace: also replay a trace's first requests (``TRACE_MODES``), after the sweep.
+        switch_kill_check: before the dead pool, kill the switch while every engine loads a
+            published prefix through it and start it again (re-programmed): each engine must
+            end with the full prefill's output, and serve on through the restarted switch.
+        prefill_us_per_token: an engine's prefill time per token here (calibrated): the load
+            budget of the switch kill check's long outage (None: that part is left out).
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -676,6 +685,11 @@ def run(
                     if corrupt_check:
                         result["corrupt"] = _corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
+                    if switch_kill_check:
+                        result["switch_kill"] = _switch_kill_check(
+                            cluster, engines, plan, prefill_us_per_token
+                        )
+                        progress(f"switch kill check: {result['switch_kill']}")
                     if dead_pool_check:
                         result["dead_pool"] = _dead_pool_check(engines, plan, pool.ip)
                         progress(f"dead pool check: {result['dead_pool']}")
@@ -834,6 +848,81 @@ def _sweep(
                         f"loaded={sum(r['loaded_tokens'] for r in rows[-n:])} "
                         f"computed={sum(r['computed_tokens'] for r in rows[-n:])}"
                     )
+
+
+def _switch_kill_check(
+    cluster: Any, engines: Engines, plan: Plan, prefill_us_per_token: float | None = None
+) -> dict[str, Any]:
+    """The switch dies while the engines load a prefix through it; it is started again.
+
+    Host 1 publishes a prefix; every engine drops its cache and gets the prompt through the
+    connector (each loads the prefix from the pool, through the switch). Once the pool has sent
+    an eighth of what they need, the switch process is killed (SIGKILL) and started again,
+    re-programmed by the experiment (its controller here). Twice: back after half a second
+    (``short``: the fetches wait and finish), and back after five seconds with the requests
+    carrying a load budget of ``prefill_us_per_token`` per token (``long``: a load may take what
+    recomputing would, then the engine computes what it lacks). Each engine must end with the
+    full prefill's output. Then every engine gets the prompt once more, through the restarted
+    switch.
+    """
+    names = engines.names
+    rnd = random.Random(plan.seed - 13)
+    prompt = _tokens(rnd, plan.prefix + plan.suffix)
+    ref = engines.ask(
+        {names[0]: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
+                    "max_tokens": plan.max_tokens}}
+    )[names[0]]  # fmt: skip
+    need = len(names) * plan.prefix * emu_kv_bytes_per_token()
+
+    def outage(down_s: float, kvcast: dict[str, Any]) -> dict[str, Any]:
+        events: dict[str, Any] = {}
+
+        def kill() -> None:
+            start = _pool_tx_bytes(cluster)
+            deadline = time.monotonic() + 60
+            while _pool_tx_bytes(cluster) - start < need // 8 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            events["pool_sent_at_kill"] = round((_pool_tx_bytes(cluster) - start) / need, 3)
+            cluster.switch.kill()
+            killed = time.monotonic()
+            time.sleep(down_s)
+            cluster.restart_switch()
+            events["down_s"] = round(time.monotonic() - killed, 3)
+
+        engines.ask({n: {"cmd": "reset"} for n in names})
+        killer = threading.Thread(target=kill, name="switch-kill")
+        killer.start()
+        start_at = time.time() + 1.0
+        try:
+            recs = engines.ask(
+                {n: {"cmd": "run", "prompt": prompt, "kvcast": kvcast,
+                     "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
+                timeout_s=600,
+            )  # fmt: skip
+        finally:
+            killer.join()
+        return {
+            **events,
+            "ttft_last_ms": round(max(r["ttft_s"] for r in recs.values()) * 1e3, 1),
+            "loaded_tokens": [r["loaded_tokens"] for r in recs.values()],
+            "computed_tokens": [r["computed_tokens"] for r in recs.values()],
+            "same_output": all(r["tokens"] == ref["tokens"] for r in recs.values()),
+        }
+
+    out: dict[str, Any] = {"short": outage(0.5, {"save": False})}
+    if prefill_us_per_token is not None and math.isfinite(prefill_us_per_token):
+        budget = {"save": False, "budget_us_per_token": prefill_us_per_token}
+        out["long"] = {"budget_us_per_token": prefill_us_per_token, **outage(5.0, budget)}
+    engines.ask({n: {"cmd": "reset"} for n in names})
+    after = engines.ask(
+        {n: {"cmd": "run", "prompt": prompt, "kvcast": {"save": False},
+             "max_tokens": plan.max_tokens} for n in names}, timeout_s=600,
+    )  # fmt: skip
+    out["after_restart"] = {
+        "loaded_tokens": [r["loaded_tokens"] for r in after.values()],
+        "same_output": all(r["tokens"] == ref["tokens"] for r in after.values()),
+    }
+    return out
 
 
 def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, Any]:
@@ -1039,6 +1128,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, help="model directory (default: OUT/model, made)")
     p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
     p.add_argument("--dead-pool-check", action="store_true", help="last, the pool node killed")
+    p.add_argument(
+        "--switch-kill-check",
+        action="store_true",
+        help="the switch killed while the engines load a prefix, then started again",
+    )
     p.add_argument("--trace", type=Path, help="also replay this trace's first requests")
     p.add_argument("--trace-requests", type=int, default=30)
     p.add_argument("--trace-speed", type=float, default=1.0, help="arrival times / SPEED")
@@ -1072,6 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(
         plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
         dead_pool_check=args.dead_pool_check, trace=trace,
+        switch_kill_check=args.switch_kill_check, prefill_us_per_token=us,
     )  # fmt: skip
     if res.get("error"):
         print(f"error: {res['error']}", flush=True)
@@ -1081,6 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {**res["setup"], "prefill_us_per_token": us, "deployment": DEPLOYMENT.__dict__,
             "ratio": DEPLOYMENT.ratio, "shape": EMU_SHAPE, "plan": plan.__dict__,
             "corrupt": res.get("corrupt"), "dead_pool": res.get("dead_pool"),
+            "switch_kill": res.get("switch_kill"),
             "elapsed_s": res["elapsed_s"],
             "error": res.get("error")}  # fmt: skip
     (args.out / "setup.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -1096,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
             print("trace " + " ".join(f"{k}={v}" for k, v in row.items()))
     if res.get("corrupt"):
         print(f"corrupted chunk: {res['corrupt']}")
+    if res.get("switch_kill"):
+        print(f"switch killed while loading: {res['switch_kill']}")
     if res.get("dead_pool"):
         print(f"dead pool: {res['dead_pool']}")
     print(f"wrote {args.out}/engines.csv, summary.csv, setup.json, ttft.png "

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -185,6 +186,12 @@ class ConnectorConfig:
         follow_first_wait_s: how long a follower waits for the leader's first replica.
         mac_keys: tenant id -> secret (hex), ``hostagent.integrity``: a chunk of such a tenant
             is published with its keyed MAC and loaded only once its MAC matches its bytes.
+        load_budget_us_per_token: what recomputing a token costs this engine, in microseconds
+            (its prefill rate): a load job may take at most that per token it loads. A load
+            still running then (a dead switch or pool node, a stalled stream) stops, and the
+            blocks it has not loaded are recomputed, so a fault never costs more than computing
+            the prefix would have, plus that. None: only the fetch client's ``deadline_s``
+            bounds each chunk.
     """
 
     service: Address | None = None
@@ -204,6 +211,7 @@ class ConnectorConfig:
     follow_stall_s: float = 0.5
     follow_first_wait_s: float = 2.0
     mac_keys: Mapping[int, bytes] = field(default_factory=dict)
+    load_budget_us_per_token: float | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
@@ -241,9 +249,19 @@ class ConnectorConfig:
             follow_stall_s=float(extra.get("follow_stall_s", 0.5)),
             follow_first_wait_s=float(extra.get("follow_first_wait_s", 2.0)),
             mac_keys=_mac_keys(extra.get("mac_keys")),
+            load_budget_us_per_token=(
+                None
+                if extra.get("load_budget_us_per_token") is None
+                else float(extra["load_budget_us_per_token"])
+            ),
         )
         if cfg.follow_stall_s <= 0 or cfg.follow_first_wait_s <= 0:
             raise ConnectorConfigError("follow_stall_s and follow_first_wait_s must be positive")
+        budget = cfg.load_budget_us_per_token
+        if budget is not None and not (budget > 0 and math.isfinite(budget)):
+            raise ConnectorConfigError(
+                f"load_budget_us_per_token must be positive (microseconds per token), got {budget}"
+            )
         if cfg.service is None and cfg.pool is None:
             raise ConnectorConfigError(
                 "kvcast needs 'service' (the switch VIP, host:port), 'pool' (a pool node) or both"
@@ -305,6 +323,8 @@ class LoadOptions:
         kv_class: the declared class of the prompt's blocks (``"class"``; None: undeclared).
         static_tokens: the first this many tokens are static: the blocks wholly inside them
             are declared static whatever ``kv_class`` says.
+        budget_us_per_token: this request's load budget (``ConnectorConfig``'s
+            ``load_budget_us_per_token``, which it overrides; None: the engine's).
     """
 
     load: bool = True
@@ -313,6 +333,7 @@ class LoadOptions:
     save: bool = True
     kv_class: KvClass | None = None
     static_tokens: int = 0
+    budget_us_per_token: float | None = None
 
     def static_blocks(self, block_size: int) -> int:
         """How many blocks from the first are declared static."""
@@ -334,7 +355,8 @@ class LoadOptions:
             return cls()
         if not isinstance(raw, Mapping):
             raise ConnectorConfigError(f"kv_transfer_params['kvcast'] is not a mapping: {raw!r}")
-        unknown = sorted(set(raw) - {"load", "group", "role", "save", "class", "static_tokens"})
+        known = {"load", "group", "role", "save", "class", "static_tokens", "budget_us_per_token"}
+        unknown = sorted(set(raw) - known)
         if unknown:
             raise ConnectorConfigError(f"unknown kvcast request option {unknown[0]!r}")
         role = raw.get("role", "leader")
@@ -360,6 +382,15 @@ class LoadOptions:
             raise ConnectorConfigError(
                 f"kvcast static_tokens {static_tokens!r} is not a non-negative token count"
             )
+        budget = raw.get("budget_us_per_token")
+        if budget is not None and (
+            not isinstance(budget, int | float)
+            or isinstance(budget, bool)
+            or not (budget > 0 and math.isfinite(budget))
+        ):
+            raise ConnectorConfigError(
+                f"kvcast budget_us_per_token {budget!r} is not a positive number of microseconds"
+            )
         return cls(
             bool(raw.get("load", True)),
             group,
@@ -367,6 +398,7 @@ class LoadOptions:
             bool(raw.get("save", True)),
             kv_class,
             static_tokens,
+            None if budget is None else float(budget),
         )
 
 
@@ -384,6 +416,8 @@ class ChunkLoad:
         group: multicast group of the fetch (0: none; ``LoadOptions``).
         follower: receive the group's stream rather than ask.
         kv_class: its declared class (static when any request that needs it says so).
+        budget_us: microseconds per token its load may take (the most patient of the requests
+            that need it; None: no bound but the fetch client's).
     """
 
     tenant: int
@@ -394,6 +428,7 @@ class ChunkLoad:
     group: int = 0
     follower: bool = False
     kv_class: KvClass | None = None
+    budget_us: float | None = None
 
 
 @dataclass(slots=True)
@@ -695,6 +730,11 @@ class KvcastConnector(KVConnectorBase_V1):
                 declared = opts.class_of(position, self.block_size)
                 if declared is KvClass.STATIC or load.kv_class is None:
                     load.kv_class = declared
+                budget = opts.budget_us_per_token or self.config.load_budget_us_per_token
+                if not load.targets:
+                    load.budget_us = budget
+                elif load.budget_us is not None:
+                    load.budget_us = None if budget is None else max(load.budget_us, budget)
                 load.targets.append((req_id, block_id))
             meta.load_reqs.append(req_id)
         meta.loads = sorted(by_chunk.values(), key=lambda ld: ld.position)
@@ -855,10 +895,19 @@ class KvcastConnector(KVConnectorBase_V1):
         failed: set[int] = set()
         reports: list[FetchReport] = []
         t0 = time.monotonic()
+        # The job may take what recomputing its tokens would (each chunk's budget); a chunk
+        # without one leaves the job unbounded but by the fetch client's deadline.
+        budgets = [load.budget_us for load in loads]
+        deadline = (
+            None
+            if any(b is None for b in budgets)
+            else t0 + sum(b or 0.0 for b in budgets) * self.layout.block_size * 1e-6
+        )
+        cut = 0
         for (group, follower), part in kinds.items():
-            self._load_part(part, group, follower, failed_reqs, failed, reports)
+            cut += self._load_part(part, group, follower, failed_reqs, failed, reports, deadline)
         self.last_reports = reports
-        self._count(reports, failed, time.monotonic() - t0)
+        self._count(reports, failed, time.monotonic() - t0, cut)
         return failed
 
     def _load_part(
@@ -869,13 +918,29 @@ class KvcastConnector(KVConnectorBase_V1):
         failed_reqs: set[str],
         failed: set[int],
         reports: list[FetchReport],
-    ) -> None:
-        """``_load`` for the loads of one kind; adds to ``failed_reqs``, ``failed``, ``reports``."""
+        deadline: float | None = None,
+    ) -> int:
+        """``_load`` for the loads of one kind; adds to ``failed_reqs``, ``failed``, ``reports``.
+
+        Past ``deadline`` (the load budget) no chunk is started and each one in flight is cut
+        short: their blocks are recomputed.
+
+        Returns:
+            The chunks not started because the budget was spent.
+        """
         layout = self.layout
         client = self.fetch_client()
         bufs = self._load_buffers(client.max_chunks_in_flight)
+        base_deadline_s = client.deadline_s
         at = 0
         while at < len(loads):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                # Recomputing what is left is now cheaper than waiting for it.
+                for load in loads[at:]:
+                    failed_reqs.update(r for r, _ in load.targets)
+                    failed.update(b for _, b in load.targets)
+                return len(loads) - at
             batch: list[tuple[int, ChunkLoad]] = []  # (index in loads, load)
             while at < len(loads) and len(batch) < len(bufs):
                 load = loads[at]
@@ -899,11 +964,15 @@ class KvcastConnector(KVConnectorBase_V1):
                 for (_, load), buf in zip(batch, bufs, strict=False)
             ]
             got: list[FetchReport | None]
+            if left is not None:
+                client.deadline_s = min(base_deadline_s, left)
             try:
                 got = list(self._fetch(client, requests, group, follower))
             except Exception:  # a load must end in blocks loaded or blocks to recompute
                 _LOG.exception("kvcast: fetch of chunks %s raised", [hex(r.key) for r in requests])
                 got = [None] * len(batch)
+            finally:
+                client.deadline_s = base_deadline_s
             if len(got) < len(batch):  # stopped after a failure: the rest is considered again
                 at = batch[len(got)][0]
             for (_, load), buf, report in zip(batch, bufs, got, strict=False):
@@ -917,6 +986,7 @@ class KvcastConnector(KVConnectorBase_V1):
                     continue
                 for _, block_id in live:
                     scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
+        return 0
 
     def _fetch(
         self, client: FetchClient, requests: Sequence[ChunkRequest], group: int, follower: bool
@@ -948,8 +1018,13 @@ class KvcastConnector(KVConnectorBase_V1):
         finally:
             client.group = 0
 
-    def _count(self, reports: Sequence[FetchReport], failed: set[int], seconds: float) -> None:
-        """Adds one load job to the connector's counters (``stats``, vLLM's connector stats)."""
+    def _count(
+        self, reports: Sequence[FetchReport], failed: set[int], seconds: float, cut: int = 0
+    ) -> None:
+        """Adds one load job to the connector's counters (``stats``, vLLM's connector stats).
+
+        ``cut``: chunks not started because the job's load budget was spent.
+        """
         layout = self.layout
         ok = [r for r in reports if r.ok]
         delta = {
@@ -963,6 +1038,7 @@ class KvcastConnector(KVConnectorBase_V1):
             "frags_stream": sum(r.frags_stream for r in reports),
             "repairs": sum(r.repairs for r in reports),
             "load_s": seconds,
+            "chunks_over_budget": cut,
         }
         with self._stats_lock:
             for k, v in delta.items():

@@ -54,6 +54,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     got: dict[str, Any] = run(
         plan, model, 200.0, out, progress=lambda _s: None, switch_cls=RefSwitch,
         corrupt_check=True, dead_pool_check=True, trace=TracePlan(requests=6, max_blocks=8),
+        switch_kill_check=True, prefill_us_per_token=800.0,
     )  # fmt: skip
     return got
 
@@ -122,6 +123,28 @@ def test_the_experiment_names_its_setup(result: dict, tmp_path: Path) -> None:
     assert "TTFT p50 ms" in format_table(summary)
     plot(summary, tmp_path / "ttft.png", "test")
     assert (tmp_path / "ttft.png").stat().st_size > 1000
+
+
+def test_a_switch_killed_while_engines_load_costs_time_not_output(result: dict) -> None:
+    got = result["switch_kill"]
+    for outage in ("short", "long"):
+        run = got[outage]
+        # Killed with the loads under way (some but not all of the bytes out of the pool), up
+        # again later; every engine's output is the full prefill's, whatever it loaded.
+        assert 0 < run["pool_sent_at_kill"] < 1, got
+        assert run["same_output"] is True, got
+        assert all(
+            loaded + computed == PREFIX + SUFFIX
+            for loaded, computed in zip(run["loaded_tokens"], run["computed_tokens"], strict=True)
+        ), got
+    # Back after half a second: the fetches waited for it and loaded the whole prefix.
+    assert got["short"]["loaded_tokens"] == [PREFIX] * N, got
+    # Down for five seconds with a load budget: the loads were cut and the prefix computed
+    # before the switch came back.
+    assert got["long"]["down_s"] >= 5 and any(t < PREFIX for t in got["long"]["loaded_tokens"])
+    assert got["long"]["ttft_last_ms"] < 5000, got
+    # Through the restarted switch (re-programmed) the engines load the prefix again.
+    assert got["after_restart"] == {"loaded_tokens": [PREFIX] * N, "same_output": True}, got
 
 
 def test_a_dead_pool_turns_into_recompute_and_the_engines_serve_on(result: dict) -> None:

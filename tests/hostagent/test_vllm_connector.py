@@ -57,7 +57,7 @@ from kvcast import p4constants as c  # noqa: E402
 from kvcast.wire import KvpHeader  # noqa: E402
 from poolnode.backend import InMemoryBackend  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
-from tests.hostagent.fakes import FakeServer, Gate, pool  # noqa: E402
+from tests.hostagent.fakes import FakeServer, Gate, pool, silent  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
 
 BS = 16
@@ -367,6 +367,8 @@ def test_unknown_settings_and_missing_addresses_are_refused(model_dir: Path) -> 
         Engine(model_dir, {"servce": "127.0.0.1:9"})
     with pytest.raises(ConnectorConfigError, match="needs 'service'"):
         Engine(model_dir, {})
+    with pytest.raises(ConnectorConfigError, match="load_budget_us_per_token must be positive"):
+        Engine(model_dir, {"service": "127.0.0.1:9", "load_budget_us_per_token": -1})
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -596,4 +598,35 @@ def test_a_failed_request_does_not_stop_another_requests_chunks(
         assert consumer.block_bytes(mine) == producer_b.block_bytes(theirs)
     producer_a.close()
     producer_b.close()
+    consumer.close()
+
+
+def test_a_load_that_outlasts_recomputing_its_tokens_is_cut_and_recomputed(
+    model_dir: Path,
+) -> None:
+    import time
+
+    keys = hashes(PROMPT)[:4]
+    hold(keys)
+    with FakeServer(silent) as dead_pool:  # a pool node (or switch) that never answers
+        host, port = dead_pool.address
+        # Retries that would go on for half a minute; recomputing 4 x 16 tokens costs this
+        # engine (say) 64 x 3 ms = 0.19 s.
+        fetch = {"timeout_s": 0.5, "max_timeout_s": 1.0, "max_retries": 50, "deadline_s": 30.0,
+                 "max_chunks_in_flight": 1}  # fmt: skip
+        consumer = Engine(
+            model_dir,
+            {"pool": f"{host}:{port}", "fetch": fetch, "load_budget_us_per_token": 3000.0},
+        )
+        consumer.add("c", PROMPT)
+        out = consumer.scheduler.schedule()
+        assert len(meta_of(out).loads) == 4
+        t0 = time.monotonic()
+        errors = consumer.run_worker(out)
+        took = time.monotonic() - t0
+    assert errors == set(consumer.blocks("c")[:4])  # every block recomputed
+    # The first chunk was cut at the budget; the three after it were never started.
+    assert consumer.worker.stats["chunks_over_budget"] == 3
+    assert consumer.worker.stats["chunks_failed"] == 1
+    assert took < 10.0  # a bound on a hang (the fetch client alone would retry for 30 s)
     consumer.close()

@@ -97,6 +97,24 @@ def test_class_options_are_read_and_checked() -> None:
             LoadOptions.of({"kvcast": bad})
 
 
+def test_a_request_budget_is_read_checked_and_overrides_the_engines(
+    model_dir: Path,  # noqa: F811
+) -> None:
+    assert LoadOptions.of({"kvcast": {"budget_us_per_token": 800}}).budget_us_per_token == 800.0
+    for bad in (0, -5, float("inf"), True, "fast"):
+        with pytest.raises(ConnectorConfigError, match="budget_us_per_token"):
+            LoadOptions.of({"kvcast": {"budget_us_per_token": bad}})
+    eng = Engine(model_dir, {"service": "127.0.0.1:9", "load_budget_us_per_token": 100.0})
+    for key in hashes(PROMPT)[:4]:
+        CURRENT["backend"].put(TENANT, key, b"x")
+    add(eng, "own", PROMPT, {"budget_us_per_token": 700.0})
+    add(eng, "default", PROMPT, None)
+    loads = meta_of(eng.scheduler.schedule()).loads
+    # One chunk for both requests: the more patient budget holds.
+    assert [ld.budget_us for ld in loads] == [700.0] * 4
+    eng.close()
+
+
 def test_declared_classes_reach_the_pool_and_every_record(
     model_dir: Path,  # noqa: F811
     switch: RefSwitchBridge,  # noqa: F811
