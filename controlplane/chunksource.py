@@ -185,10 +185,11 @@ class KvpChunkSource(ChunkSource):
             return bytes(dst.numpy().tobytes())
         if report.reason is RecomputeReason.NOT_FOUND:
             raise ChunkNotFoundError(f"pool {addr[0]}:{addr[1]} has no chunk {tenant}:{key:#x}")
-        if report.reason is RecomputeReason.LENGTH_MISMATCH:
+        if report.reason is RecomputeReason.REFUSED:
             raise ChunkUnavailableError(
-                f"pool {addr[0]}:{addr[1]} holds chunk {tenant}:{key:#x} with another length "
-                f"than {nbytes} B (reports disagree with the pool); its length is probed again"
+                f"pool {addr[0]}:{addr[1]} refused the GETs of chunk {tenant}:{key:#x} "
+                f"({nbytes} B): most likely it holds the chunk with another length (reports "
+                "disagree with the pool); its length is probed again"
             )
         raise ChunkUnavailableError(
             f"reading chunk {tenant}:{key:#x} from {addr[0]}:{addr[1]} failed: "

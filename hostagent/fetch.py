@@ -187,8 +187,12 @@ class RecomputeReason(enum.Enum):
     NONE = "none"
     NOT_FOUND = "not_found"
     """The pool answered NOT_FOUND on the last path."""
-    LENGTH_MISMATCH = "length_mismatch"
-    """The pool answered BAD_REQUEST: it holds the key with another length (layout mismatch)."""
+    REFUSED = "refused"
+    """The pool answered BAD_REQUEST: it refused the GET. A NACK carries no more than that; the
+    pool node's counters say which check it failed: a fragment range or length other than what
+    it holds (a layout mismatch, ``bad_ranges``), a group it does not serve
+    (``unknown_groups``), a tenant or source it does not accept (``bad_tenants``,
+    ``unknown_sources``), an oversized request (``oversized_gets``)."""
     NO_ANSWER = "no_answer"
     """Some fragment stayed missing after every retry on every path."""
     DEADLINE = "deadline"
@@ -1857,7 +1861,7 @@ class FetchClient:
         if status == c.KVP_STATUS_NOT_FOUND:
             self._next_path(st, RecomputeReason.NOT_FOUND)
         elif status == c.KVP_STATUS_BAD_REQUEST:
-            raise _GiveUp(RecomputeReason.LENGTH_MISMATCH)
+            raise _GiveUp(RecomputeReason.REFUSED)
         # UNAVAILABLE (the pool's store is recovering, say): the GET waits for its timeout and
         # is retried with backoff then; sent again at once it would use up its retries within a
         # few round trips while the store comes back.

@@ -118,7 +118,8 @@ class ServerStats:
     ``unknown_groups`` those refused for naming a group the node was not told about (every
     group, by default); ``bad_tenants`` those refused for naming a tenant their source address
     is not bound to, and ``unknown_sources`` those from an address the node's tenant list does
-    not name (both only with a list, ``SourceTenants``).
+    not name (both only with a list, ``SourceTenants``); ``bad_ranges`` those refused for a
+    fragment range the chunk it holds does not have (a requester that expects another length).
     """
 
     datagrams: int = 0
@@ -136,6 +137,7 @@ class ServerStats:
     unknown_groups: int = 0
     bad_tenants: int = 0
     unknown_sources: int = 0
+    bad_ranges: int = 0
     cache_hits: int = 0
     backend_reads: int = 0
     send_errors: int = 0
@@ -376,6 +378,7 @@ class KvpGetHandler:
         nfrags = -(-size // c.FRAG_BYTES)
         end = frag_idx + count
         if count == 0 or end > nfrags:
+            stats.bad_ranges += 1
             return self._nack(request, c.KVP_STATUS_BAD_REQUEST)
         header = KVP_STRUCT.pack(
             _DATA_VO, c.KVP_FLAG_POOL, c.KVP_STATUS_OK, 0, tenant, group, key, req_id, 0, 0,

@@ -403,11 +403,13 @@ def test_partly_served_chunk_is_never_reported_valid(backend: InMemoryBackend) -
     assert not report.ok
 
 
-def test_pool_holding_a_shorter_chunk_is_a_length_mismatch(backend: InMemoryBackend) -> None:
+def test_pool_holding_a_shorter_chunk_refuses_the_gets(backend: InMemoryBackend) -> None:
     backend.put(TENANT, 5, CHUNK[: 4 * c.FRAG_BYTES])
     with PoolServer(backend, "127.0.0.1", 0) as srv, make_client(srv.address) as client:
         report = client.fetch(TENANT, 5, dst())
-    assert report.reason is RecomputeReason.LENGTH_MISMATCH
+        stats = srv.stats
+    assert report.reason is RecomputeReason.REFUSED
+    assert stats.bad_ranges > 0 and stats.unknown_groups == 0  # the pool's count says why
 
 
 def test_overall_deadline_bounds_a_fetch() -> None:
