@@ -21,7 +21,8 @@ the same plan, so what the emulation measures is what the controller installs.
 - **Placement**: a prefix a set of hosts shares is best held where their GETs toward its pool
   node first meet: their leaf when they share one; the pool node's leaf when some of them sit
   under it (their GETs never reach a spine); else the tree's spine. A hit there goes down the
-  same tree.
+  same tree. Where that switch is full, the next switch every GET crosses toward the pool node
+  will do (``cache_path``); the pool node's leaf is always on it.
 
 Classes:
     Attachment: a host or pool node on a leaf port.
@@ -200,10 +201,18 @@ class FabricPlan:
 
     def cache_switch(self, members: Iterable[str], pool: str) -> str:
         """Where the GETs of ``members`` toward ``pool`` first meet (module docstring)."""
+        return self.cache_path(members, pool)[0]
+
+    def cache_path(self, members: Iterable[str], pool: str) -> list[str]:
+        """Every switch all the GETs of ``members`` toward ``pool`` cross, from where they meet.
+
+        Any of them can answer every member; the first is the closest. A controller whose
+        first choice is full takes the next (the pool node's leaf is always last: every GET
+        reaches it).
+        """
         leaves = {self.nodes[h].switch for h in members}
         pool_leaf = self.nodes[pool].switch
-        if len(leaves) == 1:
-            return leaves.pop()
         if pool_leaf in leaves:
-            return pool_leaf
-        return self.tree_spine(pool)
+            return [pool_leaf]
+        spine = self.tree_spine(pool)
+        return [*leaves, spine, pool_leaf] if len(leaves) == 1 else [spine, pool_leaf]

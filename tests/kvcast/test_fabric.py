@@ -70,6 +70,10 @@ def test_a_shared_prefix_is_cached_where_the_gets_first_meet() -> None:
     assert plan.cache_switch(["h3", "h4"], "p1") == "s2"  # one leaf: that leaf
     assert plan.cache_switch(["h1", "h3"], "p1") == "s1"  # some under the pool's leaf: there
     assert plan.cache_switch(["h3", "h5"], "p1") == "s4"  # else the spine toward the pool
+    # The switches every GET crosses after that, the pool node's leaf last.
+    assert plan.cache_path(["h3", "h4"], "p1") == ["s2", "s4", "s1"]
+    assert plan.cache_path(["h1", "h3"], "p1") == ["s1"]
+    assert plan.cache_path(["h3", "h5"], "p1") == ["s4", "s1"]
 
 
 def test_a_plan_that_is_not_a_fabric_is_refused() -> None:
