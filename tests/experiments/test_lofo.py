@@ -70,7 +70,15 @@ def test_a_reachable_cell_is_told_apart_from_an_unreachable_one() -> None:
 
 def test_every_family_is_there_and_generators_are_deterministic() -> None:
     fams = lofo.families(quick=True)
-    assert set(fams) == {"conversation", "rag", "churn", "agentic", "multitenant", "chat"}
+    assert set(fams) == {
+        "conversation",
+        "synthetic",
+        "rag",
+        "churn",
+        "agentic",
+        "multitenant",
+        "chat",
+    }
     assert all(len(ws) == 1 and ws[0].requests for ws in fams.values())
     a = chat_sessions_workload(n_sessions=50, seed=5)
     assert a.key_sequence() == chat_sessions_workload(n_sessions=50, seed=5).key_sequence()
