@@ -23,8 +23,9 @@ at least a tenth of the distance from it to the optimum closed; each cell with `
 
 Run: ``python -m experiments.lofo`` (``--quick``: one seed, smaller workloads, two budgets;
 ``--jobs N``: N forked processes). Writes ``lofo.csv`` (every run), ``lofo_table.csv``,
-``lofo_anchors.csv`` and ``lofo_targets.csv`` under ``--out`` and prints the tables and
-``result lofo ...`` / ``result lofo-anchors ...`` / ``result lofo-target ...`` lines.
+``lofo_cells.csv``, ``lofo_anchors.csv`` and ``lofo_targets.csv`` under ``--out`` and prints
+the tables and ``result lofo ...`` / ``result lofo-anchors ...`` / ``result lofo-target ...``
+lines.
 
 Classes:
     Case: one workload at one budget.
@@ -34,6 +35,7 @@ Functions:
     run_grid: every (policy, parameters) on every case, as scores.
     leave_one_out: the protocol over the scores.
     against_anchors: per family and budget, kvcast over the best anchor (target 1.15x).
+    cell_table: every policy per family and budget beside the optimum (the full table).
     targets: issue 29's targets per family and budget (0.98x the best anchor; a tenth of the
         distance to the optimum closed where the best anchor is below 0.7 of it).
     main: command line.
@@ -72,6 +74,7 @@ __all__ = [
     "GRIDS",
     "Case",
     "against_anchors",
+    "cell_table",
     "families",
     "leave_one_out",
     "main",
@@ -256,6 +259,9 @@ def _case_rows(i: int) -> list[dict[str, Any]]:
                     "policy": policy,
                     "params": _label(params),
                     "score": round(score, 4),
+                    "opt_byte_hit": round(case.opt_hit_bytes / r.total_bytes, 4)
+                    if r.total_bytes
+                    else 0.0,
                 }
             )
     return rows
@@ -464,6 +470,68 @@ def targets(
     return out
 
 
+def cell_table(
+    rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every policy per held-out family and budget: the full table beside the optimum.
+
+    Args:
+        rows: :func:`run_grid`'s rows.
+        table: :func:`leave_one_out`'s rows for the same runs.
+
+    Returns:
+        One row per (family, budget): each policy's mean score (share of the optimum's hits,
+        with the parameters chosen without the family), ``opt`` (1.0) and ``opt_byte_hit``
+        (the optimum's mean byte hit ratio, where the rows carry it).
+    """
+    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
+    cells: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in rows:
+        key = (r["family"], str(r.get("budget", r["blocks"])))
+        cell = cells.setdefault(key, {})
+        if chosen.get((r["family"], r["policy"])) == r["params"]:
+            cell.setdefault(r["policy"], []).append(float(r["score"]))
+        if "opt_byte_hit" in r and r["policy"] == rows[0]["policy"]:
+            if r["params"] == rows[0]["params"]:
+                cell.setdefault("opt_byte_hit", []).append(float(r["opt_byte_hit"]))
+    out = []
+
+    def order(item: tuple[tuple[str, str], Any]) -> tuple[str, float]:
+        family, budget = item[0]
+        return family, float(budget.rstrip("%")) if budget.endswith("%") else 0.0
+
+    for (family, budget), cell in sorted(cells.items(), key=order):
+        row: dict[str, Any] = {"family": family, "budget": budget}
+        for name, vals in cell.items():
+            if name != "opt_byte_hit":
+                row[name] = round(statistics.fmean(vals), 3)
+        row["opt"] = 1.0
+        if "opt_byte_hit" in cell:
+            row["opt_byte_hit"] = round(statistics.fmean(cell["opt_byte_hit"]), 4)
+        out.append(row)
+    return out
+
+
+def format_cells(cells: Sequence[Mapping[str, Any]]) -> str:
+    """The full table: family, budget, every policy's share of the optimum, the optimum."""
+    skip = {"family", "budget", "opt", "opt_byte_hit"}
+    names = list(dict.fromkeys(k for c in cells for k in c if k not in skip))
+    width = max([12, *(len(c["family"]) for c in cells)])
+    lines = [
+        "every policy per held-out family and budget (mean share of the optimum's prefix hits, "
+        "parameters chosen without the family; opt = 1; last column the optimum's byte hit ratio)",
+        "family".ljust(width)
+        + f"{'budget':>7}"
+        + "".join(f"{n:>10}" for n in names)
+        + f"{'opt':>6}{'opt BHR':>9}",
+    ]
+    for c in cells:
+        vals = "".join(f"{c[n]:>10.3f}" if n in c else f"{'-':>10}" for n in names)
+        bhr = f"{c['opt_byte_hit']:>9.4f}" if "opt_byte_hit" in c else f"{'-':>9}"
+        lines.append(c["family"].ljust(width) + f"{c['budget']:>7}" + vals + f"{1.0:>6.2f}" + bhr)
+    return "\n".join(lines)
+
+
 def _yes(flag: bool | None) -> str:
     return "n/a" if flag is None else "yes" if flag else "no"
 
@@ -572,6 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in table:
         result_line("lofo", **r)
     print(format_table(table))
+    cells_all = cell_table(rows, table)
+    write_csv(args.out / "lofo_cells.csv", cells_all)
+    print(format_cells(cells_all))
     if "kvcast" in grids and any(a in grids for a in ANCHORS):
         ratios = against_anchors(rows, table)
         write_csv(args.out / "lofo_anchors.csv", ratios)

@@ -155,3 +155,20 @@ def test_issue_29_targets_fail_a_cell_behind_or_not_closing() -> None:
         False,
     )
     assert "met=no" in lofo.format_targets([cell])
+
+
+def test_cell_table_lists_every_policy_beside_the_optimum() -> None:
+    rows = [
+        {**_case("f1", "kvcast", 0.5), "opt_byte_hit": 0.2},
+        {**_case("f2", "kvcast", 0.7), "opt_byte_hit": 0.4},
+        _case("f1", "arc", 0.4),
+        _case("f2", "arc", 0.6),
+    ]
+    (cell,) = lofo.cell_table(rows, lofo.leave_one_out(rows))
+    assert cell == {
+        "family": "F", "budget": "4%", "kvcast": 0.6, "arc": 0.5, "opt": 1.0,
+        "opt_byte_hit": 0.3,
+    }  # fmt: skip
+    assert lofo.format_cells([cell]).splitlines()[-1].split() == [
+        "F", "4%", "0.600", "0.500", "1.00", "0.3000"
+    ]  # fmt: skip
