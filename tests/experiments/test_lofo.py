@@ -118,6 +118,15 @@ def test_a_small_grid_runs_end_to_end(tmp_path: Path) -> None:
     }
 
 
+def test_forked_jobs_give_the_rows_of_one_process() -> None:
+    w = zipf_prefix_workload(n_requests=200, seed=4, name="rag-tiny")
+    v = chat_sessions_workload(n_sessions=30, seed=4, name="chat-tiny")
+    grids: dict[str, list[dict[str, object]]] = {"lru": [{}], "adaptive": [{}]}
+    one = lofo.run_grid(lofo.make_cases({"rag": [w], "chat": [v]}, [0.05, 0.2]), grids)
+    two = lofo.run_grid(lofo.make_cases({"rag": [w], "chat": [v]}, [0.05, 0.2], 2), grids, jobs=2)
+    assert one == two and len(one) == 2 * 2 * 2
+
+
 def _case(workload: str, policy: str, score: float, budget: str = "4%") -> dict[str, object]:
     return {"family": "F", "workload": workload, "blocks": 8, "budget": budget,
             "policy": policy, "params": "default", "score": score}  # fmt: skip
