@@ -31,8 +31,10 @@ Batch mode records every access into every expert (kvcast's C record path for it
 statistics; the anchors' Python paths), counts the hits each expert's resident set would have
 had for the batch, and ``select`` re-selects every expert and follows the leader.
 
-Cost: every expert's update on every access: about the sum of the experts' costs (the
-anchors' Python record paths, 1.4-2 s per million accesses each, dominate a batch).
+Cost: every expert's update on every access, about the sum of the experts' costs. The anchors'
+Python record and select paths (0.7-5 s per million accesses each in ``make bench --quick``)
+dominate a batch: 5-10 s per million in all, against the 1 s rate kvcast's C path meets, which
+is why this policy is not the controller's default.
 
 Classes:
     AdaptivePolicy: the policy (registered as ``"adaptive"``).
