@@ -6,21 +6,29 @@ policy) the prefix byte hit ratio and its ratio to the optimum. The hit definiti
 of :mod:`controlplane.policies.evaluate`: a block is a hit when it is resident and every
 earlier block of its request was a hit.
 
-Workloads: the Mooncake conversation trace (when found), a stationary Zipf prefix workload, the
-same with popularity churn, and agentic fan-out. References next to the optimum: ``belady``
-itself (ratio 1) and, on the trace, ``belady-seen2``, Belady forbidden to admit a block on its
-first access (what perfect foresight gives a policy that only admits chunks it has seen
-before). Full runs add a kvcast parameter sensitivity at two budgets.
+Workloads: the Mooncake conversation and synthetic traces (when found), a stationary Zipf
+prefix workload, the same with popularity churn, and agentic fan-out. References next to the
+optimum: ``belady`` itself (ratio 1) and, on the conversation trace, ``belady-seen2``, Belady
+forbidden to admit a block on its first access (what perfect foresight gives a policy that
+only admits chunks it has seen before). Full runs add a kvcast parameter sensitivity at two
+budgets. Each workload is also replayed at issue 29's budgets (1, 4 and 16 % of its distinct
+blocks; 4 and 16 % with ``--quick``), and a ``bench policies-goal`` line per budget and policy
+(kvcast, adaptive) gives the ratio to the best anchor (target >= 0.98) and, where the best
+anchor is below 0.7 of the optimum, the share of the distance to the optimum closed (target
+>= 0.1), with ``met=yes|no``.
 
 Finally it times the controller's batch path on every workload and on a 1,000,000-access
 Zipf one (100,000 with ``--quick``): ``record_many`` and one ``select`` of the SRAM set per
-online policy, then kvcast's three record paths side by side (Python, the C loop over Access
+online policy (each line with the time per million accesses and ``met=yes|no`` against the
+1 s rate), then kvcast's three record paths side by side (Python, the C loop over Access
 objects, the C loop over column arrays; alternated, three runs each), against issue 14's rate
 of a million accesses recorded and ranked in one second.
 
 Functions:
     policy_rows: replay policies at several budgets next to the optimum.
     target_rows: kvcast over the best anchor per budget, against the 1.15x target.
+    goal_budgets: issue 29's budgets for a workload (1, 4, 16 % of its distinct blocks).
+    goal_rows: issue 29's targets per budget, for kvcast and adaptive, with ``met=yes|no``.
     run: the suite entry point (prints ``bench policies ...`` and ``bench policies-timing ...``
         lines and a ratio table per workload).
 """
@@ -42,6 +50,7 @@ from controlplane.policies import (
 )
 from controlplane.policies.evaluate import opt_result, replay
 from controlplane.policies.workloads import (
+    SYNTHETIC_TRACE,
     Workload,
     agentic_fanout_workload,
     default_trace_path,
@@ -49,7 +58,7 @@ from controlplane.policies.workloads import (
     zipf_prefix_workload,
 )
 
-__all__ = ["run"]
+__all__ = ["goal_budgets", "goal_rows", "run"]
 
 BUDGETS = (128, 512, 1024, 2048, 4096)
 ANCHORS = ("lru", "lfu", "arc", "wtinylfu")
@@ -60,6 +69,15 @@ RATE_TARGET_S = 1.0
 PATHS = ("python", "native", "arrays")
 """kvcast's record paths timed side by side: Python, C over Access objects, C over arrays."""
 QUICK_BUDGETS = (128, 512, 2048)
+GOAL_FRACTIONS = (0.01, 0.04, 0.16)
+"""Issue 29's budgets: shares of each workload's distinct blocks."""
+NEVER_BEHIND = 0.98
+"""Issue 29: the policy's hits at least this times the best anchor's, in every cell ..."""
+CLOSE_BELOW = 0.7
+CLOSE_SHARE = 0.1
+"""... and where the best anchor is below ``CLOSE_BELOW`` of the optimum, at least
+``CLOSE_SHARE`` of the distance from it to the optimum closed."""
+GOAL_POLICIES = ("kvcast", "adaptive")
 SENSITIVITY_BUDGETS = (512, 2048)
 
 # label -> (registered policy, parameters) for the kvcast sensitivity rows.
@@ -80,6 +98,8 @@ def _workloads(quick: bool) -> list[Workload]:
         out.append(load_mooncake_trace(trace, limit=3000 if quick else None))
     else:
         print("# no trace: data/traces/ is missing and KVCAST_TRACE unset; skipping it", flush=True)
+    if SYNTHETIC_TRACE.is_file():
+        out.append(load_mooncake_trace(SYNTHETIC_TRACE, limit=1500 if quick else None))
     n = 3000 if quick else 12000
     out.append(zipf_prefix_workload(n_requests=n))
     out.append(zipf_prefix_workload(n_requests=n, churn_period_s=300.0, name="zipf-churn"))
@@ -177,6 +197,75 @@ def target_rows(w: Workload, table: dict[int, dict[str, float]]) -> list[str]:
         )
         print(line, flush=True)
         lines.append(line)
+    return lines
+
+
+def goal_budgets(w: Workload, quick: bool) -> dict[int, str]:
+    """Issue 29's budgets for a workload: blocks -> share label (1, 4, 16 % of its blocks)."""
+    distinct = len(set(w.key_sequence()))
+    fractions = GOAL_FRACTIONS[1:] if quick else GOAL_FRACTIONS
+    return {max(8, int(f * distinct)): f"{f:.0%}" for f in fractions}
+
+
+def goal_rows(
+    w: Workload,
+    table: dict[int, dict[str, float]],
+    shares: dict[int, str],
+    policies: Sequence[str] = GOAL_POLICIES,
+) -> list[str]:
+    """Issue 29's targets per budget: never behind the best anchor, closing on the optimum.
+
+    Each line (``bench policies-goal``) names the policy, its ratio to the optimum and the
+    best anchor's, ``ratio`` = policy / best anchor against ``NEVER_BEHIND``, and where the
+    best anchor is below ``CLOSE_BELOW`` of the optimum, ``closed`` = (policy - best) / (1 -
+    best) against ``CLOSE_SHARE``; ``met=yes`` when every target that applies is met.
+
+    Args:
+        w: the workload.
+        table: :func:`policy_rows`'s table.
+        shares: the budgets to report (blocks -> label such as ``4%``).
+        policies: the policies measured.
+
+    Returns:
+        One line per (budget, policy) present in the table.
+    """
+    lines = []
+    for blocks, share in shares.items():
+        row = table.get(blocks, {})
+        present = [a for a in ANCHORS if a in row]
+        if not present:
+            continue
+        best = max(present, key=lambda a: row[a])
+        b = row[best]
+        for policy in policies:
+            if policy not in row:
+                continue
+            v = row[policy]
+            ratio = v / b if b > 0 else float("inf")
+            applies = b < CLOSE_BELOW
+            closed = (v - b) / (1.0 - b) if applies else None
+            met_ratio = ratio >= NEVER_BEHIND
+            met_close = None if closed is None else closed >= CLOSE_SHARE
+            line = bench_line(
+                "policies-goal",
+                workload=w.name,
+                budget=blocks,
+                share=share,
+                policy=policy,
+                to_opt=round(v, 3),
+                best_anchor=best,
+                best_anchor_to_opt=round(b, 3),
+                opt=1.0,
+                ratio=round(ratio, 3),
+                ratio_target=NEVER_BEHIND,
+                met_ratio="yes" if met_ratio else "no",
+                closed="-" if closed is None else round(closed, 3),
+                close_target=CLOSE_SHARE,
+                met_close="n/a" if met_close is None else "yes" if met_close else "no",
+                met="yes" if met_ratio and met_close is not False else "no",
+            )
+            print(line, flush=True)
+            lines.append(line)
     return lines
 
 
@@ -314,6 +403,9 @@ def _timing(workloads: Sequence[Workload], quick: bool) -> list[str]:
                 select_s=round(t2 - t1, 3),
                 accesses_per_s=int(len(accesses) / max(t1 - t0, 1e-9)),
                 selected=len(decision.admit),
+                per_million_s=round((t2 - t0) * 1e6 / len(accesses), 3),
+                target_s=RATE_TARGET_S,
+                met="yes" if (t2 - t0) * 1e6 / len(accesses) <= RATE_TARGET_S else "no",
             )
             print(line, flush=True)
             lines.append(line)
@@ -342,10 +434,12 @@ def run(quick: bool = False) -> list[str]:
         if w.name == "conversation":
             policies["belady-seen2"] = ("belady", {"min_accesses": 2})
         table: dict[int, dict[str, float]] = {}
-        lines += policy_rows(w, budgets, policies, table)
+        shares = goal_budgets(w, quick)
+        lines += policy_rows(w, sorted(set(budgets) | set(shares)), policies, table)
         if not quick:
             lines += policy_rows(w, SENSITIVITY_BUDGETS, SENSITIVITY, table)
         lines += target_rows(w, table)
+        lines += goal_rows(w, table, shares)
         _print_table(w, table)
     lines += _timing(workloads, quick)
     return lines

@@ -14,6 +14,9 @@ Importing this package registers every built-in policy:
   value per SRAM byte, each access weighted by the learned return rate of its class (access
   count x reuse gap, or the parent's popularity in the prefix tree at first sight),
   prefix-closed, with hysteresis; the controller's default policy.
+* ``adaptive`` (:class:`~controlplane.policies.adaptive.AdaptivePolicy`): kvcast's
+  statistics with the eviction order learned online among three experts (kvcast's score,
+  recency, aged frequency) from the misses each expert's decisions caused (LeCaR's regret).
 * ``belady`` (:class:`~controlplane.policies.belady.BeladyPolicy`): OFFLINE optimum for
   evaluation only (needs the future).
 
@@ -33,6 +36,7 @@ Typical use::
         ...
 """
 
+from controlplane.policies.adaptive import AdaptivePolicy
 from controlplane.policies.arc import ArcPolicy
 from controlplane.policies.base import (
     NO_CHANGE,
@@ -64,6 +68,7 @@ __all__ = [
     "NO_CHANGE",
     "Access",
     "AccessColumns",
+    "AdaptivePolicy",
     "Admission",
     "ArcPolicy",
     "BeladyPolicy",

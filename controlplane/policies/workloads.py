@@ -38,6 +38,8 @@ from controlplane.policies.base import Access, PolicyError
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
+    "SHIPPED_TRACE",
+    "SYNTHETIC_TRACE",
     "Request",
     "TraceFormatError",
     "Workload",
@@ -59,6 +61,9 @@ TRACE_ENV = "KVCAST_TRACE"
 
 SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "conversation_trace.jsonl"
 """The Mooncake conversation trace the repository ships (data/README.md says where it is from)."""
+
+SYNTHETIC_TRACE = SHIPPED_TRACE.with_name("synthetic_trace.jsonl")
+"""Mooncake's FAST'25 synthetic trace (public datasets, Poisson arrivals), shipped beside it."""
 
 
 def default_trace_path() -> Path | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import bench_line, parse_line
 from benchmarks.__main__ import discover, format_tables, main
-from benchmarks.policies import _rate_rows, policy_rows, target_rows
+from benchmarks.policies import _rate_rows, goal_rows, policy_rows, target_rows
 from controlplane.policies.workloads import zipf_prefix_workload
 
 
@@ -92,7 +94,9 @@ def test_target_rows_say_where_the_target_is_out_of_reach() -> None:
     assert (fields["ceiling"], fields["reachable"], fields["met"]) == ("1.111", "False", "False")
 
 
-def test_trace_option_names_the_trace_every_suite_replays(tmp_path, monkeypatch, capsys) -> None:
+def test_trace_option_names_the_trace_every_suite_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from controlplane.policies.workloads import TRACE_ENV, default_trace_path
 
     # main() sets the variable for the suites; setenv records the state before the test, so
@@ -122,3 +126,22 @@ def test_rate_rows_time_every_record_path_and_check_they_select_alike(
         assert f[1]["runs"] == "2" and f[1]["same_selection"] == "True"
         assert f[1]["target_s"] == "1" and f[1]["met"] in ("True", "False")
     assert "policies-rate" in capsys.readouterr().out
+
+
+def test_goal_rows_print_issue_29_targets_per_budget_and_policy() -> None:
+    w = zipf_prefix_workload(n_requests=20, n_documents=5, block_bytes=10)
+    table = {
+        8: {"kvcast": 0.5, "adaptive": 0.45, "lru": 0.4, "arc": 0.3, "opt_byte_hit": 0.2},
+        9: {"kvcast": 0.95, "wtinylfu": 0.9, "opt_byte_hit": 0.3},
+    }
+    lines = goal_rows(w, table, {8: "4%", 9: "16%"})
+    parsed = [parse_line(x) for x in lines]
+    cells = {(f[1]["budget"], f[1]["policy"]): f[1] for f in parsed if f is not None}
+    low = cells["8", "kvcast"]
+    assert (low["best_anchor"], low["ratio"], low["closed"]) == ("lru", "1.25", "0.167")
+    assert (low["met_ratio"], low["met_close"], low["met"]) == ("yes", "yes", "yes")
+    # 0.45 closes only 0.05 / 0.6 of the distance: behind the target, though ahead of LRU.
+    assert (cells["8", "adaptive"]["met_close"], cells["8", "adaptive"]["met"]) == ("no", "no")
+    high = cells["9", "kvcast"]
+    assert (high["closed"], high["met_close"], high["met"]) == ("-", "n/a", "yes")
+    assert ("9", "adaptive") not in cells

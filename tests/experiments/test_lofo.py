@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.policies.workloads import (
+    Request,
     chat_sessions_workload,
     multitenant_prompts_workload,
     zipf_prefix_workload,
@@ -70,7 +71,15 @@ def test_a_reachable_cell_is_told_apart_from_an_unreachable_one() -> None:
 
 def test_every_family_is_there_and_generators_are_deterministic() -> None:
     fams = lofo.families(quick=True)
-    assert set(fams) == {"conversation", "rag", "churn", "agentic", "multitenant", "chat"}
+    assert set(fams) == {
+        "conversation",
+        "synthetic",
+        "rag",
+        "churn",
+        "agentic",
+        "multitenant",
+        "chat",
+    }
     assert all(len(ws) == 1 and ws[0].requests for ws in fams.values())
     a = chat_sessions_workload(n_sessions=50, seed=5)
     assert a.key_sequence() == chat_sessions_workload(n_sessions=50, seed=5).key_sequence()
@@ -78,7 +87,7 @@ def test_every_family_is_there_and_generators_are_deterministic() -> None:
 
 def test_chat_turns_extend_their_session_history() -> None:
     w = chat_sessions_workload(n_sessions=30, seed=1, turns_mean=4.0)
-    by_prefix = {}
+    by_prefix: dict[tuple[int, ...], list[Request]] = {}
     for r in w.requests:
         by_prefix.setdefault(r.blocks[:3], []).append(r)
     longest = max(by_prefix.values(), key=len)
@@ -107,3 +116,68 @@ def test_a_small_grid_runs_end_to_end(tmp_path: Path) -> None:
     assert {(r["family"], r["policy"]) for r in table} == {
         (f, p) for f in ("rag", "chat") for p in ("lru", "wtinylfu")
     }
+
+
+def test_forked_jobs_give_the_rows_of_one_process() -> None:
+    w = zipf_prefix_workload(n_requests=200, seed=4, name="rag-tiny")
+    v = chat_sessions_workload(n_sessions=30, seed=4, name="chat-tiny")
+    grids: dict[str, list[dict[str, object]]] = {"lru": [{}], "adaptive": [{}]}
+    one = lofo.run_grid(lofo.make_cases({"rag": [w], "chat": [v]}, [0.05, 0.2]), grids)
+    two = lofo.run_grid(lofo.make_cases({"rag": [w], "chat": [v]}, [0.05, 0.2], 2), grids, jobs=2)
+    assert one == two and len(one) == 2 * 2 * 2
+
+
+def _case(workload: str, policy: str, score: float, budget: str = "4%") -> dict[str, object]:
+    return {"family": "F", "workload": workload, "blocks": 8, "budget": budget,
+            "policy": policy, "params": "default", "score": score}  # fmt: skip
+
+
+def test_issue_29_targets_check_every_workload_of_a_cell() -> None:
+    rows = [
+        # f1: 1.02x the best anchor, which is at 0.9 of the optimum: no distance to close.
+        _case("f1", "kvcast", 0.918), _case("f1", "arc", 0.9), _case("f1", "lru", 0.5),
+        # f2: the best anchor (LRU) at 0.4; 0.5 closes (0.5 - 0.4) / 0.6 = 1/6 of the distance.
+        _case("f2", "kvcast", 0.5), _case("f2", "arc", 0.3), _case("f2", "lru", 0.4),
+    ]  # fmt: skip
+    (cell,) = lofo.targets(rows, lofo.leave_one_out(rows))
+    assert (cell["ratio"], cell["met_ratio"]) == (1.02, True)
+    assert (cell["closed"], cell["met_close"], cell["met"]) == (0.167, True, True)
+    assert cell["best_anchor_names"] == "arc+lru"
+    assert "met=yes" in lofo.format_targets([cell])
+
+
+def test_issue_29_targets_fail_a_cell_behind_or_not_closing() -> None:
+    behind = [_case("f1", "kvcast", 0.87), _case("f1", "wtinylfu", 0.9)]
+    (cell,) = lofo.targets(behind, lofo.leave_one_out(behind))
+    assert (cell["ratio"], cell["met_ratio"], cell["met_close"], cell["met"]) == (
+        0.967,
+        False,
+        None,
+        False,
+    )
+    level = [_case("f1", "kvcast", 0.41), _case("f1", "lfu", 0.4)]
+    (cell,) = lofo.targets(level, lofo.leave_one_out(level))
+    assert (cell["met_ratio"], cell["closed"], cell["met_close"], cell["met"]) == (
+        True,
+        0.017,
+        False,
+        False,
+    )
+    assert "met=no" in lofo.format_targets([cell])
+
+
+def test_cell_table_lists_every_policy_beside_the_optimum() -> None:
+    rows = [
+        {**_case("f1", "kvcast", 0.5), "opt_byte_hit": 0.2},
+        {**_case("f2", "kvcast", 0.7), "opt_byte_hit": 0.4},
+        _case("f1", "arc", 0.4),
+        _case("f2", "arc", 0.6),
+    ]
+    (cell,) = lofo.cell_table(rows, lofo.leave_one_out(rows))
+    assert cell == {
+        "family": "F", "budget": "4%", "kvcast": 0.6, "arc": 0.5, "opt": 1.0,
+        "opt_byte_hit": 0.3,
+    }  # fmt: skip
+    assert lofo.format_cells([cell]).splitlines()[-1].split() == [
+        "F", "4%", "0.600", "0.500", "1.00", "0.3000"
+    ]  # fmt: skip
