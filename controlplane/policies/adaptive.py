@@ -62,6 +62,7 @@ from controlplane.policies.base import (
     register_policy,
 )
 from controlplane.policies.base import _check_access as check_access
+from kvcast.kvclass import KvClass
 
 __all__ = ["DEFAULT_EXPERTS", "AdaptivePolicy"]
 
@@ -312,6 +313,12 @@ class AdaptivePolicy(CachePolicy):
             for r in self._experts[self._leader].rank(now)
         ]
 
+    def set_kv_class(self, key: int, kv_class: KvClass) -> None:
+        """Sets a chunk's class here and in every expert: whichever leads keeps static first."""
+        super().set_kv_class(key, kv_class)
+        for e in self._experts:
+            e.set_kv_class(key, kv_class)
+
     def invalidate(self, key: int, now: float | None = None) -> Decision:
         """Forget a chunk in every expert, and drop what the leader no longer holds.
 
@@ -319,6 +326,8 @@ class AdaptivePolicy(CachePolicy):
             DROP evictions of this policy's chunks that the leader dropped with it.
         """
         at = self._latest if now is None else now
+        self._static.discard(key)
+        self._static_seen.pop(key, None)
         for e in self._experts:
             e.invalidate(key, at)
         target = self._experts[self._leader].resident_keys()
