@@ -10,7 +10,8 @@ membership, default deny) exactly as on the star's switch.
 
 Classes:
     FabricCluster: a running fabric (a :class:`~emulation.network.Cluster` with several
-        switches): its trees, spine failover and return, its per-link byte counts.
+        switches): its trees (made, joined and left), spine failover and return, its per-link
+        byte counts.
 """
 
 from __future__ import annotations
@@ -255,6 +256,51 @@ class FabricCluster(Cluster):
             )
             made[node.switch].append(node.port)
         self._trees[group_id] = made
+        self._members[group_id] = list(hosts)
+
+    def update_group(self, group_id: int, hosts: list[str]) -> None:
+        """Hosts join and leave a tree made by :meth:`add_group`, make before break.
+
+        The group is created on every switch the new tree adds, then changed in one update on
+        every switch both trees cross, then deleted from the switches the new tree leaves; new
+        members' ports are written into ``group_member`` first, those of members that left are
+        removed last.
+
+        Raises:
+            KeyError: no such tree.
+        """
+        made = self._trees[group_id]
+        tree = self.tree(hosts)
+        for name, replicas in tree.items():
+            if name not in made:
+                self.switch_node(name).client.multicast_group(group_id, replicas)
+                made[name] = []
+        wanted = {(self.nodes[h].switch, self.nodes[h].port) for h in hosts}
+        for switch, port in sorted(wanted):
+            if port not in made[switch]:
+                self.switch_node(switch).client.insert(
+                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
+                    {"group": group_id, "port": port},
+                    c.ACTION_INGRESS_PORT_ROLE_MEMBER,
+                    {},
+                )
+                made[switch].append(port)
+        for name, replicas in tree.items():
+            self.switch_node(name).client.multicast_group(
+                group_id, replicas, update=p4r.Update.MODIFY
+            )
+        for name in [n for n in made if n not in tree]:
+            for port in made.pop(name):
+                self.switch_node(name).client.delete(
+                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
+                )
+            self.switch_node(name).client.multicast_group(group_id, [], update=p4r.Update.DELETE)
+        for name, ports in made.items():
+            for port in [p for p in ports if (name, p) not in wanted]:
+                self.switch_node(name).client.delete(
+                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
+                )
+                ports.remove(port)
         self._members[group_id] = list(hosts)
 
     def remove_group(self, group_id: int) -> None:

@@ -584,6 +584,7 @@ def run(
     trace: TracePlan | None = None,
     switch_kill_check: bool = False,
     prefill_us_per_token: float | None = None,
+    agentic_check: bool = False,
 ) -> dict[str, Any]:
     """The whole sweep on one emulated cluster.
 
@@ -607,6 +608,9 @@ def run(
             end with the full prefill's output, and serve on through the restarted switch.
         prefill_us_per_token: an engine's prefill time per token here (calibrated): the load
             budget of the switch kill check's long outage (None: that part is left out).
+        agentic_check: after the sweep, a task that forks one branch per engine, with its
+            static prefix pushed to every engine ahead of the branches, pulled by each, or
+            neither (:func:`_agentic_check`).
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -685,6 +689,9 @@ def run(
                     if corrupt_check:
                         result["corrupt"] = _corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
+                    if agentic_check:
+                        result["agentic"] = _agentic_check(cluster, engines, plan)
+                        progress(f"agentic check: {result['agentic']}")
                     if switch_kill_check:
                         result["switch_kill"] = _switch_kill_check(
                             cluster, engines, plan, prefill_us_per_token
@@ -925,6 +932,85 @@ def _switch_kill_check(
     return out
 
 
+AGENTIC_BRANCH_TOKENS = 64
+"""Each branch's own (transient) tokens after the task's static prefix."""
+
+
+def _agentic_check(cluster: Any, engines: Engines, plan: Plan) -> dict[str, Any]:
+    """A task forks one branch per engine; the static prefix pushed, pulled, or neither.
+
+    The task's static prefix (``plan.prefix`` tokens: its system prompt and tool definitions,
+    declared static with ``static_tokens``) was published once by host 1. Each branch is that
+    prefix plus ``AGENTIC_BRANCH_TOKENS`` tokens of its own; branch i goes to engine i, all at
+    one instant, three ways, every engine's cache dropped first:
+
+    - ``neither``: no connector; every branch computes the whole prompt;
+    - ``pull``: each branch loads the prefix through the switch when it arrives (N pool reads
+      at once: the incast);
+    - ``push``: before the branches arrive, the static prefix is pushed: one pool read,
+      multicast by the switch to every engine of the group (one engine leads the group fetch,
+      the others take its stream), landed in each engine's own prefix cache; the experiment
+      plays the controller's part (the push planner's order: this prefix, every host of the
+      group). The branches then find it local.
+
+    Per mode: each branch's TTFT from the instant the branches arrive and the task's completion
+    (its last branch's end), tokens loaded, computed and found local, the pool's egress; for
+    ``push`` also the push's own time and egress. Every branch's output is compared with the
+    ``neither`` run's.
+    """
+    names = engines.names
+    rnd = random.Random(plan.seed - 17)
+    static = _tokens(rnd, plan.prefix)
+    branches = {n: static + _tokens(rnd, AGENTIC_BRANCH_TOKENS) for n in names}
+    engines.ask({n: {"cmd": "reset"} for n in names})
+    engines.ask(
+        {names[0]: {"cmd": "run", "prompt": static + _tokens(rnd, 16), "max_tokens": 1,
+                    "kvcast": {"load": False, "static_tokens": plan.prefix}}}
+    )  # fmt: skip
+    out: dict[str, Any] = {"branches": len(names), "static_tokens": plan.prefix}
+    reference: dict[str, list[int]] = {}
+    group = 0x7F00
+    for mode in ("neither", "pull", "push"):
+        engines.ask({n: {"cmd": "reset"} for n in names})
+        row: dict[str, Any] = {}
+        if mode == "push":
+            cluster.add_group(group, names)
+            tx0, t0 = _pool_tx_bytes(cluster), time.monotonic()
+            warm = engines.ask(
+                {n: {"cmd": "run", "prompt": static, "max_tokens": 1,
+                     "kvcast": {**_mode_options("multicast", i, group), "save": False}}
+                 for i, n in enumerate(names)}
+            )  # fmt: skip
+            row["push_s"] = round(time.monotonic() - t0, 3)
+            row["push_pool_bytes"] = _pool_tx_bytes(cluster) - tx0
+            row["push_loaded_tokens"] = [r["loaded_tokens"] for r in warm.values()]
+            cluster.remove_group(group)
+        opts = {"load": False, "save": False} if mode == "neither" else {"save": False}
+        tx0 = _pool_tx_bytes(cluster)
+        start_at = time.time() + 1.0
+        recs = engines.ask(
+            {n: {"cmd": "run", "prompt": branches[n], "kvcast": opts,
+                 "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
+            timeout_s=600,
+        )  # fmt: skip
+        if mode == "neither":
+            reference = {n: r["tokens"] for n, r in recs.items()}
+        ttfts = [r["ttft_s"] for r in recs.values()]
+        row.update(
+            ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 1),
+            ttft_max_ms=round(max(ttfts) * 1e3, 1),
+            task_ms=round(max(r["started"] + r["e2e_s"] for r in recs.values()) * 1e3
+                          - start_at * 1e3, 1),
+            pool_bytes=_pool_tx_bytes(cluster) - tx0,
+            loaded_tokens=[r["loaded_tokens"] for r in recs.values()],
+            local_tokens=[r["cached_tokens"] - r["loaded_tokens"] for r in recs.values()],
+            computed_tokens=[r["computed_tokens"] for r in recs.values()],
+            same_output=all(r["tokens"] == reference[n] for n, r in recs.items()),
+        )  # fmt: skip
+        out[mode] = row
+    return out
+
+
 def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, Any]:
     """The pool node dies after publishing: every engine computes, right, and how much later.
 
@@ -1129,6 +1215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
     p.add_argument("--dead-pool-check", action="store_true", help="last, the pool node killed")
     p.add_argument(
+        "--agentic",
+        action="store_true",
+        help="a task forking one branch per engine: static prefix pushed, pulled or neither",
+    )
+    p.add_argument(
         "--switch-kill-check",
         action="store_true",
         help="the switch killed while the engines load a prefix, then started again",
@@ -1167,6 +1258,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
         dead_pool_check=args.dead_pool_check, trace=trace,
         switch_kill_check=args.switch_kill_check, prefill_us_per_token=us,
+        agentic_check=args.agentic,
     )  # fmt: skip
     if res.get("error"):
         print(f"error: {res['error']}", flush=True)
@@ -1176,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {**res["setup"], "prefill_us_per_token": us, "deployment": DEPLOYMENT.__dict__,
             "ratio": DEPLOYMENT.ratio, "shape": EMU_SHAPE, "plan": plan.__dict__,
             "corrupt": res.get("corrupt"), "dead_pool": res.get("dead_pool"),
-            "switch_kill": res.get("switch_kill"),
+            "switch_kill": res.get("switch_kill"), "agentic": res.get("agentic"),
             "elapsed_s": res["elapsed_s"],
             "error": res.get("error")}  # fmt: skip
     (args.out / "setup.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -1192,6 +1284,9 @@ def main(argv: list[str] | None = None) -> int:
             print("trace " + " ".join(f"{k}={v}" for k, v in row.items()))
     if res.get("corrupt"):
         print(f"corrupted chunk: {res['corrupt']}")
+    if res.get("agentic"):
+        for mode in ("neither", "pull", "push"):
+            print(f"agentic {mode}: {res['agentic'][mode]}")
     if res.get("switch_kill"):
         print(f"switch killed while loading: {res['switch_kill']}")
     if res.get("dead_pool"):

@@ -220,3 +220,53 @@ def test_a_spine_killed_in_the_middle_of_the_fetches_is_survived(
     assert survived.summary()["retries"] > 0, survived.summary()
     assert survived.link_bytes["s3>s2"] > PREFIX
     assert _point(fabric, "a", 209).summary()["retries"] == 0  # all back to normal
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_hosts_join_and_leave_a_tree(fabric: tuple[Any, Any]) -> None:
+    from kvcast import p4constants as c
+
+    cluster, _ = fabric
+    drops = c.COUNTER_INGRESS_STATS_DROP_COUNTER
+
+    def refused(host: str, leaf: str) -> int:
+        client = cluster.switch_node(leaf).client
+        before = client.counters(drops)[c.DROP_BAD_GROUP]
+        send = (
+            "import socket;from kvcast import wire;s=socket.socket(2,2);"
+            f"s.sendto(wire.get_message({TENANT},{KEY:#x},0,1,210,0),('10.0.100.1',{c.KVP_UDP_PORT}))"
+        )
+        cluster.host(host).cmd(f'{sys.executable} -c "{send}"')
+        return int(client.counters(drops)[c.DROP_BAD_GROUP] - before)
+
+    cluster.add_group(210, ["h1"])  # one leaf: no uplink, no spine
+    try:
+        assert set(cluster.tree(["h1"])) == {"s1"}
+        assert refused("h3", "s2") == 1
+        cluster.update_group(210, ["h1", "h3"])  # h3 joins from the other leaf
+        assert refused("h3", "s2") == 0
+        joined = _point_existing_group(fabric, 210, ["h1", "h3"])
+        assert joined["s1>s3"] > 0.95 * PREFIX  # now one copy up to the tree's spine
+        cluster.update_group(210, ["h3"])  # h1 leaves
+        assert refused("h1", "s1") == 1
+    finally:
+        cluster.remove_group(210)
+
+
+def _point_existing_group(fabric: tuple[Any, Any], group: int, hosts: list[str]) -> dict[str, int]:
+    """A multicast fetch of the prefix by ``hosts`` (h1 leads) in an existing group."""
+    from experiments.incast import MODES, _agent_cmd, _link_bytes, get_timeouts
+
+    cluster, agents = fabric
+    mode = MODES["b"]
+    timeouts = get_timeouts(mode, len(hosts), 20.0, 32, cluster.spec.mtu)
+    lines = {
+        h: _agent_cmd(h, mode, "leader" if i == 0 else "follower", KEY, PREFIX, group,
+                      cluster.pools()[0].ip, 30.0, timeouts, 32, cluster.spec.mtu)
+        for i, h in enumerate(hosts)
+    }  # fmt: skip
+    before = _link_bytes(cluster)
+    records = agents.run(lines, 60.0)
+    assert all(r.get("ok") and r.get("verified") for r in records.values()), records
+    return {k: v - before[k] for k, v in _link_bytes(cluster).items()}

@@ -54,7 +54,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     got: dict[str, Any] = run(
         plan, model, 200.0, out, progress=lambda _s: None, switch_cls=RefSwitch,
         corrupt_check=True, dead_pool_check=True, trace=TracePlan(requests=6, max_blocks=8),
-        switch_kill_check=True, prefill_us_per_token=800.0,
+        switch_kill_check=True, prefill_us_per_token=800.0, agentic_check=True,
     )  # fmt: skip
     return got
 
@@ -145,6 +145,28 @@ def test_a_switch_killed_while_engines_load_costs_time_not_output(result: dict) 
     assert got["long"]["ttft_last_ms"] < 5000, got
     # Through the restarted switch (re-programmed) the engines load the prefix again.
     assert got["after_restart"] == {"loaded_tokens": [PREFIX] * N, "same_output": True}, got
+
+
+def test_a_pushed_static_prefix_is_local_to_every_branch_and_cost_one_pool_read(
+    result: dict,
+) -> None:
+    from experiments.serving import AGENTIC_BRANCH_TOKENS as OWN
+
+    got = result["agentic"]
+    prefix = PREFIX * 1024  # bytes: 1 KiB of KV per token
+    for mode in ("neither", "pull", "push"):
+        assert got[mode]["same_output"] is True, (mode, got)
+    assert got["neither"]["computed_tokens"] == [PREFIX + OWN] * N
+    # Pulled: each branch loads the prefix when it arrives; the pool sends it once per branch.
+    assert got["pull"]["loaded_tokens"] == [PREFIX] * N
+    assert N * prefix <= got["pull"]["pool_bytes"] < N * prefix * 1.3
+    # Pushed: one pool read multicast to every engine ahead of the branches; the branches find
+    # the whole static prefix in their own cache, load nothing and compute only their own part.
+    assert got["push"]["push_pool_bytes"] < prefix * 1.3
+    assert got["push"]["local_tokens"] == [PREFIX] * N, got["push"]
+    assert got["push"]["loaded_tokens"] == [0] * N
+    assert got["push"]["computed_tokens"] == [OWN] * N
+    assert got["push"]["pool_bytes"] < 0.05 * prefix
 
 
 def test_a_dead_pool_turns_into_recompute_and_the_engines_serve_on(result: dict) -> None:
