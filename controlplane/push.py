@@ -2,9 +2,10 @@
 
 A static prefix (``controlplane.kvclasses``) is reused by every branch of every task, so it is
 worth landing in each engine host's local tier before the host asks: an instruction prefetch.
-The plan decides it; the data plane that carries it (one pool read, multicast by the switch to
-the hosts of the group, landed by each agent) is not built yet (issue 31, item 2), so the
-controller only plans and counts.
+The plan decides it and the controller counts it. The push itself travels through the engines
+(docs/design.md, "How a push travels": one request per engine for the prefix, in one multicast
+group, so one pool read lands in every engine's prefix cache; ``experiments.serving --agentic``);
+the daemon does not send its orders to the engines yet.
 
 Rules, per tick and per switch (a switch's hosts are its multicast group):
 
