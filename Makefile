@@ -19,7 +19,7 @@ demo: setup
 ## serve: install what is needed, then N real vLLM engines (CPU) share a prefix through the
 ## switch: time to first token per mode (root; experiments/serving.py, docs/results.md)
 serve: setup
-	$(PY) -m experiments.serving --out results/serving --corrupt-check --switch-kill-check \
+	$(PY) -m experiments.serving --out results/serving --agentic --corrupt-check --switch-kill-check \
 	    --dead-pool-check
 
 ## test: install what is needed, then run the whole test suite
