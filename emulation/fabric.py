@@ -8,6 +8,10 @@ per group through one spine, a shared prefix cached where its GETs first meet), 
 controller daemon installs too. Host ports are bound to their host (address, tenants, group
 membership, default deny) exactly as on the star's switch.
 
+Functions:
+    bmv2_prunes_transit: whether the compiled BMv2 program can run a fabric.
+    default_fabric_switch_class: the switch class a fabric gets by default.
+
 Classes:
     FabricCluster: a running fabric (a :class:`~emulation.network.Cluster` with several
         switches): its trees (made, joined and left), spine failover and return, its per-link
@@ -22,7 +26,8 @@ from typing import Any
 from finsy.proto import p4r
 
 from emulation.network import Cluster, _ip, _mac
-from emulation.switches import P4Switch
+from emulation.switches import P4Switch, RefSwitch, default_switch_class
+from emulation.targets import BMV2_JSON_PATH
 from emulation.topo import SWITCH_MAC, FabricSpec, LeafSpineTopo, NodeAddr, fabric_addresses
 from kvcast import p4constants as c
 from kvcast.fabric import Attachment, FabricPlan, Uplink
@@ -50,6 +55,13 @@ class FabricCluster(Cluster):
         lock_timeout_s: float = 1800.0,
     ):
         self.fabric = spec
+        switch_cls = switch_cls or default_fabric_switch_class()
+        if switch_cls.kind == "bmv2" and not bmv2_prunes_transit():
+            raise ValueError(
+                f"BMv2's compiled program ({BMV2_JSON_PATH}) predates the egress prune a fabric "
+                "needs (its trees would loop): rebuild it with make p4, or use the reference "
+                "target (--switch refswitch)"
+            )
         super().__init__(spec, switch_cls, quiet, lock_timeout_s)
         self._trees: dict[int, dict[str, list[int]]] = {}
         self._members: dict[int, list[str]] = {}
@@ -313,6 +325,24 @@ class FabricCluster(Cluster):
             cl.multicast_group(group_id, [], update=p4r.Update.DELETE)
             for port in ports:
                 cl.delete(c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port})
+
+
+def bmv2_prunes_transit() -> bool:
+    """Whether the compiled BMv2 program has the egress prune of transit DATA (docs/fabric.md).
+
+    The prune's metadata field is named in the compiled JSON once p4c built it from the
+    current source.
+    """
+    try:
+        return '"transit"' in BMV2_JSON_PATH.read_text()
+    except OSError:
+        return False
+
+
+def default_fabric_switch_class() -> type[P4Switch]:
+    """BMv2 where installed with a program that prunes transit DATA, else the reference target."""
+    cls = default_switch_class()
+    return cls if cls.kind != "bmv2" or bmv2_prunes_transit() else RefSwitch
 
 
 def _tx(intf: str) -> int:

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from emulation.fabric import FabricCluster
+from emulation.fabric import FabricCluster, default_fabric_switch_class
 from emulation.network import Cluster
 from emulation.switches import BMv2Switch, P4Switch, RefSwitch, default_switch_class
 from emulation.topo import EMULATION_MTU, SERVICE_IP, ClusterSpec, FabricSpec, LinkSpec
@@ -995,8 +995,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats and --window must be at least 1")
     if max(sizes) > c.NUM_FRAG_SLOTS * c.FRAG_BYTES:
         ap.error(f"a prefix must fit switch SRAM ({c.NUM_FRAG_SLOTS * c.FRAG_BYTES} bytes)")
+    auto = default_fabric_switch_class() if args.topology == "leaf-spine" else None
     switch_cls: type[P4Switch] = {
-        "auto": default_switch_class(),
+        "auto": auto or default_switch_class(),
         "refswitch": RefSwitch,
         "bmv2": BMv2Switch,
     }[args.switch]

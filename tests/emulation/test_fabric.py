@@ -55,6 +55,19 @@ def test_a_fabric_spec_lays_nodes_out_leaf_by_leaf() -> None:
             FabricSpec(**kwargs)
 
 
+def test_bmv2_runs_a_fabric_only_with_a_program_that_prunes_transit_data() -> None:
+    from emulation.fabric import FabricCluster, bmv2_prunes_transit, default_fabric_switch_class
+    from emulation.switches import BMv2Switch
+
+    spec = FabricSpec(spines=1, leaves=2, hosts_per_leaf=1)
+    if bmv2_prunes_transit():
+        FabricCluster(spec, BMv2Switch)  # builds nothing until started
+    else:
+        with pytest.raises(ValueError, match="egress prune"):
+            FabricCluster(spec, BMv2Switch)
+        assert default_fabric_switch_class().kind == "refswitch"
+
+
 def test_hosts_are_spread_round_robin_over_the_leaves() -> None:
     cluster = _cluster(FabricSpec(spines=1, leaves=3, hosts_per_leaf=2))
     assert [h.name for h in cluster.hosts()] == ["h1", "h3", "h5", "h2", "h4", "h6"]
