@@ -125,6 +125,11 @@ class FabricCluster(Cluster):
         """The replication group of a tree over ``hosts`` on each switch it crosses."""
         return self.plan.tree(hosts, self.first_pool)
 
+    def tree_spine_of(self, hosts: list[str]) -> str | None:
+        """The spine of the tree over ``hosts`` (None: the tree needs none)."""
+        spines = [s for s in self.tree(hosts) if self.plan.is_spine(s)]
+        return spines[0] if spines else None
+
     def cache_switch(self, hosts: list[str]) -> str:
         """Where the GETs of ``hosts`` toward :attr:`first_pool` first meet."""
         return self.plan.cache_switch(hosts, self.first_pool)
@@ -170,10 +175,10 @@ class FabricCluster(Cluster):
     def take_spine_down(self, spine: str) -> None:
         """Moves every route and tree off ``spine`` (dead, or to be serviced).
 
-        Make before break: each moved tree's group is created on its new spine, then each
-        leaf's group is switched to the new uplink in one update, then the old spine's group is
-        deleted where that spine still answers; the leaves' routes move one entry at a time,
-        each a single MODIFY (no moment without a route).
+        Make before break (:meth:`update_group` for each tree: its group created on the new
+        spine, each leaf's switched to the new uplink in one update, the old spine's deleted
+        where it still answers); the leaves' routes move one MODIFY at a time (no moment
+        without a route).
 
         Raises:
             ValueError: not a spine of this fabric.
@@ -183,9 +188,8 @@ class FabricCluster(Cluster):
             raise ValueError(f"{spine!r} is not a spine")
         if set(self.plan.live_spines()) <= {spine}:
             raise RuntimeError(f"{spine} is the last spine in service")
-        old = self.tree_spine()
         self.plan.down_spines.add(spine)
-        self._move(old)
+        self._move()
 
     def bring_spine_up(self, spine: str) -> None:
         """Starts ``spine`` again (programmed) if its process died, and puts it back in service.
@@ -196,30 +200,38 @@ class FabricCluster(Cluster):
         if not self._alive(spine):
             self.switch_node(spine).restart(install=True)
             self._program_one(spine)
-        old = self.tree_spine()
         self.plan.down_spines.discard(spine)
-        self._move(old)
+        self._move()
 
-    def _move(self, old_spine: str) -> None:
-        """Re-points the leaves' routes and every tree at the spines now in service."""
-        new_spine = self.tree_spine()
-        for group_id, hosts in self._members.items():
-            tree = self.tree(hosts)
-            made = self._trees[group_id]
-            if new_spine in tree and new_spine not in made:
-                self.switch_node(new_spine).client.multicast_group(group_id, tree[new_spine])
-                made[new_spine] = []
-            for switch, replicas in tree.items():
-                if switch != new_spine:
-                    self.switch_node(switch).client.multicast_group(
-                        group_id, replicas, update=p4r.Update.MODIFY
-                    )
-            if old_spine != new_spine and old_spine in made:
-                del made[old_spine]
-                if self._alive(old_spine):
-                    self.switch_node(old_spine).client.multicast_group(
-                        group_id, [], update=p4r.Update.DELETE
-                    )
+    def take_link_down(self, leaf: str, spine: str) -> None:
+        """Moves every route and tree off the ``leaf``-``spine`` link, make before break.
+
+        Raises:
+            ValueError: no such link.
+            RuntimeError: it would leave some leaf without a path to another.
+        """
+        if leaf not in self.plan.leaves or not self.plan.is_spine(spine):
+            raise ValueError(f"no link between {leaf!r} and {spine!r}")
+        self.plan.down_links.add((leaf, spine))
+        try:
+            for src in self.plan.leaves:
+                for dst in self.plan.leaves:
+                    if src != dst:
+                        self.plan.route_spine(dst, src)
+        except RuntimeError:
+            self.plan.down_links.discard((leaf, spine))
+            raise
+        self._move()
+
+    def bring_link_up(self, leaf: str, spine: str) -> None:
+        """Puts the ``leaf``-``spine`` link back in service (routes and trees spread again)."""
+        self.plan.down_links.discard((leaf, spine))
+        self._move()
+
+    def _move(self) -> None:
+        """Re-points every tree and the leaves' routes at the spines and links in service."""
+        for group_id, hosts in list(self._members.items()):
+            self._retree(group_id, hosts)
         for leaf in self.plan.leaves:
             cl = self.switch_node(leaf).client
             for node in self.nodes.values():
@@ -281,6 +293,10 @@ class FabricCluster(Cluster):
         Raises:
             KeyError: no such tree.
         """
+        self._retree(group_id, hosts)
+
+    def _retree(self, group_id: int, hosts: list[str]) -> None:
+        """:meth:`update_group`'s work; a switch that is dead is only forgotten."""
         made = self._trees[group_id]
         tree = self.tree(hosts)
         for name, replicas in tree.items():
@@ -302,7 +318,10 @@ class FabricCluster(Cluster):
                 group_id, replicas, update=p4r.Update.MODIFY
             )
         for name in [n for n in made if n not in tree]:
-            for port in made.pop(name):
+            ports = made.pop(name)
+            if not self._alive(name):
+                continue
+            for port in ports:
                 self.switch_node(name).client.delete(
                     c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
                 )

@@ -79,6 +79,7 @@ class FabricPlan:
 
     Attributes:
         down_spines: spines out of service: no route or tree uses them.
+        down_links: ``(leaf, spine)`` links out of service: no route or tree crosses them.
     """
 
     def __init__(
@@ -110,25 +111,35 @@ class FabricPlan:
                 raise ValueError(f"node {node.name} appears twice")
             self.nodes[node.name] = node
         self.down_spines: set[str] = set()
+        self.down_links: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ routes
     def is_spine(self, switch: str) -> bool:
         """Whether ``switch`` is a spine of this fabric."""
         return switch in self.spines
 
-    def live_spines(self) -> list[str]:
-        """The spines in service, in order."""
-        return [s for s in self.spines if s not in self.down_spines]
+    def live_spines(self, leaves: Iterable[str] = ()) -> list[str]:
+        """The spines in service, in order (with ``leaves``: only those linked up to all)."""
+        wanted = list(leaves)
+        return [
+            s
+            for s in self.spines
+            if s not in self.down_spines and all((lf, s) not in self.down_links for lf in wanted)
+        ]
 
-    def route_spine(self, dest_leaf: str) -> str:
-        """The spine every leaf sends traffic for ``dest_leaf`` through.
+    def route_spine(self, dest_leaf: str, src_leaf: str | None = None) -> str:
+        """The spine a leaf sends traffic for ``dest_leaf`` through.
+
+        The ``(leaf index) mod (spines in service)``-th of the spines in service; with
+        ``src_leaf``, of those whose links to both leaves are up. With every link up all leaves
+        use the same spine for a destination leaf.
 
         Raises:
-            RuntimeError: no spine is in service.
+            RuntimeError: no spine in service connects the two leaves.
         """
-        live = self.live_spines()
+        live = self.live_spines([dest_leaf] if src_leaf is None else [dest_leaf, src_leaf])
         if not live:
-            raise RuntimeError("every spine is out of service")
+            raise RuntimeError(f"no spine in service reaches {dest_leaf} from {src_leaf}")
         return live[self.leaves.index(dest_leaf) % len(live)]
 
     def next_hop(self, switch: str, node: str) -> tuple[int, str | None]:
@@ -146,7 +157,7 @@ class FabricPlan:
             raise KeyError(switch)
         if target.switch == switch:
             return target.port, None
-        spine = self.route_spine(target.switch)
+        spine = self.route_spine(target.switch, switch)
         return self._up[(switch, spine)].leaf_port, spine
 
     def fabric_ports(self, switch: str) -> list[int]:
@@ -164,9 +175,22 @@ class FabricPlan:
         return self._up[(leaf, spine)].spine_port
 
     # ------------------------------------------------------------------ trees
-    def tree_spine(self, pool: str) -> str:
-        """The spine of every tree whose DATA comes from ``pool``: the one GETs cross to it."""
-        return self.route_spine(self.nodes[pool].switch)
+    def tree_spine(self, pool: str, leaves: Iterable[str] = ()) -> str:
+        """The spine of a tree whose DATA comes from ``pool``: the one GETs cross to it.
+
+        With ``leaves`` (the tree's), a spine whose links to all of them are up: the GETs' one
+        when it is, else the first such spine.
+
+        Raises:
+            RuntimeError: no spine in service reaches every one of them.
+        """
+        preferred = self.route_spine(self.nodes[pool].switch)
+        usable = self.live_spines([*leaves, self.nodes[pool].switch])
+        if preferred in usable:
+            return preferred
+        if not usable:
+            raise RuntimeError(f"no spine in service reaches all of {sorted(leaves)}")
+        return usable[0]
 
     def tree(self, members: Iterable[str], pool: str) -> dict[str, list[tuple[int, int]]]:
         """The replication group on each switch a group's tree crosses: ``(port, replica id)``.
@@ -186,7 +210,7 @@ class FabricPlan:
                 raise ValueError(f"{name} is not a GPU host")
             by_leaf[node.switch].append(node)
         sources = set(by_leaf) | {n.switch for n in self.nodes.values() if n.role == "pool"}
-        spine = self.tree_spine(pool)
+        spine = self.tree_spine(pool, sources if len(sources) > 1 else ())
         tree: dict[str, list[tuple[int, int]]] = {}
         for leaf in (lf for lf in self.leaves if lf in sources):
             replicas = [(n.port, n.port) for n in by_leaf.get(leaf, [])]
@@ -214,5 +238,8 @@ class FabricPlan:
         pool_leaf = self.nodes[pool].switch
         if pool_leaf in leaves:
             return [pool_leaf]
-        spine = self.tree_spine(pool)
-        return [*leaves, spine, pool_leaf] if len(leaves) == 1 else [spine, pool_leaf]
+        # A spine is on the path only if every member leaf's GETs cross it (they may not, with
+        # a link down).
+        spines = {self.route_spine(pool_leaf, leaf) for leaf in leaves}
+        via = [spines.pop()] if len(spines) == 1 else []
+        return [*leaves, *via, pool_leaf] if len(leaves) == 1 else [*via, pool_leaf]

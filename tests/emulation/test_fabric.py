@@ -283,3 +283,30 @@ def _point_existing_group(fabric: tuple[Any, Any], group: int, hosts: list[str])
     records = agents.run(lines, 60.0)
     assert all(r.get("ok") and r.get("verified") for r in records.values()), records
     return {k: v - before[k] for k, v in _link_bytes(cluster).items()}
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_a_link_down_moves_the_trees_that_crossed_it(fabric: tuple[Any, Any]) -> None:
+    import subprocess
+
+    cluster, _ = fabric
+    hosts = ["h1", "h3", "h2", "h4"]
+    assert cluster.tree_spine_of(hosts) == "s3"
+    # Leaf s2's link to spine s3 fails (both ends down), and the controller's part takes it out.
+    ends = [f"s2-eth{cluster.fabric.uplink_port(1)}", "s3-eth2"]
+    for intf in ends:
+        subprocess.run(["ip", "link", "set", intf, "down"], check=True)
+    cluster.take_link_down("s2", "s3")
+    try:
+        assert cluster.tree_spine_of(hosts) == "s4"
+        moved = _point(fabric, "b", 211)  # every host verified, or the helper fails
+        assert 0.95 < _copies(moved, "s1>s4") < 1.05 and 0.95 < _copies(moved, "s4>s2") < 1.05
+        assert _copies(moved, "s1>s3") + _copies(moved, "s3>s2") < 0.05
+    finally:
+        for intf in ends:
+            subprocess.run(["ip", "link", "set", intf, "up"], check=True)
+        cluster.bring_link_up("s2", "s3")
+    assert cluster.tree_spine_of(hosts) == "s3"
+    back = _point(fabric, "b", 212)
+    assert 0.95 < _copies(back, "s1>s3") < 1.05

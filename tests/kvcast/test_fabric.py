@@ -42,8 +42,28 @@ def test_routes_spread_over_the_spines_in_service() -> None:
     plan.down_spines.add("s5")
     assert [plan.route_spine(f"s{i}") for i in (1, 2, 3, 4)] == ["s6"] * 4
     plan.down_spines.add("s6")
-    with pytest.raises(RuntimeError, match="every spine"):
+    with pytest.raises(RuntimeError, match="no spine in service"):
         plan.route_spine("s1")
+
+
+def test_a_link_down_moves_the_routes_and_trees_that_crossed_it() -> None:
+    plan = _plan()  # leaves s1-s3, spines s4 s5; the pool node under s1
+    assert plan.next_hop("s2", "p1") == (4, "s4") and plan.tree_spine("p1") == "s4"
+    plan.down_links.add(("s2", "s4"))
+    assert plan.next_hop("s2", "p1") == (5, "s5")  # s2 reaches s1 through s5 now
+    assert plan.next_hop("s3", "p1") == (4, "s4")  # the others keep theirs
+    # A tree with a member under s2 goes through s5; one without keeps s4.
+    assert plan.tree(["h1", "h3"], "p1") == {
+        "s1": [(1, 1), (5, 0)],
+        "s2": [(1, 1), (5, 0)],
+        "s5": [(1, 0), (2, 0)],
+    }
+    assert "s4" in plan.tree(["h1", "h5"], "p1")
+    # s2's and s3's GETs to the pool no longer meet on a spine: the pool's leaf caches.
+    assert plan.cache_path(["h3", "h5"], "p1") == ["s1"]
+    plan.down_links.add(("s2", "s5"))
+    with pytest.raises(RuntimeError, match="no spine in service reaches"):
+        plan.next_hop("s2", "p1")
 
 
 def test_a_tree_is_one_group_per_switch_through_one_spine() -> None:
