@@ -353,7 +353,7 @@ def bmv2_prunes_transit() -> bool:
     current source.
     """
     try:
-        return '"transit"' in BMV2_JSON_PATH.read_text()
+        return '.transit"' in BMV2_JSON_PATH.read_text()
     except OSError:
         return False
 

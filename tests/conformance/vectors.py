@@ -48,9 +48,6 @@ DENY_MAC, DENY_IP = "00:00:00:00:00:05", "10.0.0.5"
 # A port with no port_role entry and no default written by the controller: the data plane's own
 # default decides (DENY on the reference target; the committed P4 programs still say HOST).
 UNKNOWN_PORT = 6
-# The v1model source prunes transit DATA in egress (docs/fabric.md); the committed BMv2 JSON
-# predates it until p4c rebuilds p4src/build (make p4).
-NEEDS_TRANSIT_PRUNE = "egress prune of transit DATA (p4src/build/kvcast.json rebuilt by make p4)"
 # What the edge-guard vectors need of the P4 programs (docs/security.md, open work).
 NEEDS_EDGE_GUARD = "default-deny edge guard (port_role default DENY, host ports take ARP and IPv4)"
 
@@ -499,7 +496,6 @@ def build_vectors() -> list[Vector]:
                 Step(POOL_PORT, data_f, [replica(data_f, 1)], event(c.EV_DATA_MCAST)),
                 Step(1, getf, [replica(reply_f, 1), (POOL_PORT, reply_f)], event(c.EV_GET_HIT)),
             ],
-            needs_p4=NEEDS_TRANSIT_PRUNE,
         )
     )
     data_host = host_frame(
