@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import socket
 import threading
+import time
 from collections import Counter
 
 from fuzz.mutators import mutate_frame, mutate_payload
@@ -296,7 +297,12 @@ def run_agent(count: int, seed: int) -> Counter[str]:
             stop.set()
             thread.join()
             evil.close()
-        # The client keeps serving: a fetch after the storm completes with the chunk.
+        # The client keeps serving: a fetch after the storm completes with the chunk. What the
+        # storm left queued on the client's socket is dropped first: a queued forged NACK from
+        # a source the client trusts would still end the next fetch (docs/security.md), which
+        # says nothing about whether the client serves once the mutants stop.
+        time.sleep(0.05)
+        client.discard_pending()
         dst.zero_()
         report = client.fetch(tenant, key, dst)
         if not report.ok or dst.numpy().tobytes() != chunk:
