@@ -107,11 +107,11 @@ from benchmarks import bench_line
 from benchmarks.udp_feed import KEY, SEED, TENANT  # the feed's chunk is the suite's
 from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
 from hostagent import bench as hostbench
-from hostagent.synthetic import synthetic_chunk
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.native import describe as describe_data_path
 from kvcast.p4rt_client import Lpm
+from kvcast.synthetic import synthetic_chunk
 from poolnode.server import frags_per_data
 
 SUITE = "hostagent_fetch"

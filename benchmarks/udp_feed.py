@@ -34,9 +34,9 @@ import sys
 import time
 from types import TracebackType
 
-from hostagent.synthetic import synthetic_chunk
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.synthetic import synthetic_chunk
 
 TENANT, KEY, SEED = 1, 0xBE7C5, 3
 GROUP = 77

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from controlplane.errors import ConfigError
+from controlplane.reports import ReportError, parse_key
 from kvcast.kvclass import KvClass, parse_kv_class
 
 __all__ = [
@@ -382,16 +383,7 @@ def parse_declaration(body: bytes) -> ClassDeclaration:
 
 
 def _key(value: object, path: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        key = value
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            key = int(text, 16) if text.lower().startswith("0x") else int(text, 10)
-        except ValueError:
-            raise ClassDeclarationError(f"{path}: {value!r} is not a key") from None
-    else:
-        raise ClassDeclarationError(f"{path}: expected a key (integer or string)")
-    if not 0 <= key < 1 << 64:
-        raise ClassDeclarationError(f"{path}: {value!r} is not an unsigned 64-bit key")
-    return key
+    try:
+        return parse_key(value, path)
+    except ReportError as exc:
+        raise ClassDeclarationError(str(exc)) from None

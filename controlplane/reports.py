@@ -52,6 +52,7 @@ Classes:
 
 Functions:
     parse_reports: a request body to records, or ReportError.
+    parse_key: one chunk key from JSON (integer or 0x-hex/decimal string), or ReportError.
     report_routes: the routes of the report API for a sink.
 """
 
@@ -83,6 +84,7 @@ __all__ = [
     "ReportRejectedError",
     "ReportSink",
     "Response",
+    "parse_key",
     "parse_reports",
     "report_routes",
 ]
@@ -185,7 +187,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _key(value: object, path: str) -> int:
+def parse_key(value: object, path: str) -> int:
+    """A chunk key from JSON: an integer, or a 0x-hex or decimal string, unsigned 64-bit.
+
+    Raises:
+        ReportError: anything else, named by ``path``.
+    """
     if isinstance(value, int) and not isinstance(value, bool):
         key = value
     elif isinstance(value, str):
@@ -258,12 +265,12 @@ def _record(raw: object, path: str) -> AccessReport:
         raise ReportError(f"{path}.class: {exc}") from None
     return AccessReport(
         tenant=int(tenant),
-        key=_key(raw["key"], f"{path}.key"),
+        key=parse_key(raw["key"], f"{path}.key"),
         size=int(size),
         host=host,
         time=float(t),
         hit=hit,
-        parent=None if parent is None else _key(parent, f"{path}.parent"),
+        parent=None if parent is None else parse_key(parent, f"{path}.parent"),
         position=None if position is None else int(position),
         event=event,
         kv_class=kv_class,

@@ -563,7 +563,7 @@ def run_point(
 
 
 def _synthetic(key: int, nbytes: int) -> bytes:
-    from hostagent.synthetic import synthetic_chunk
+    from kvcast.synthetic import synthetic_chunk
 
     return synthetic_chunk(TENANT, key, nbytes, SEED)
 

@@ -13,7 +13,7 @@ installed or the reference target, ``--hosts`` GPU hosts, one DRAM pool node) tw
 How the replay maps the trace:
 
 * **Blocks.** Each trace ``hash_id`` (a 512-token block) becomes a 64-bit key (BLAKE2b of the
-  id) of ``--block-bytes`` synthetic bytes (``hostagent.synthetic``; 2 KiB by default: the
+  id) of ``--block-bytes`` synthetic bytes (``kvcast.synthetic``; 2 KiB by default: the
   2 MiB of BMv2 fragment SRAM, ``NUM_FRAG_SLOTS * FRAG_BYTES``, then holds 1,024 blocks, where
   real 512-token blocks of an 8B model are 64 MiB). The pool node preloads every block of the
   slice (as if each request's prefill had stored its blocks).
@@ -208,7 +208,7 @@ def agent_main(argv: Sequence[str]) -> int:
     import torch
 
     from hostagent.fetch import FetchClient
-    from hostagent.synthetic import synthetic_chunk
+    from kvcast.synthetic import synthetic_chunk
 
     try:
         client = FetchClient(

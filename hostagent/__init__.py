@@ -8,7 +8,6 @@ Modules:
         leader or follower of a multicast stream).
     agent: ``python -m hostagent.agent fetch``: one fetch, one JSON line (for experiments).
     ports: ``AGENT_PORT``, importable without torch.
-    synthetic: deterministic synthetic chunks shared by pool preload and agent verification.
     bench: loopback throughput of the fetch client against the pool-node server.
     vllm_connector: ``KvcastConnector``, a vLLM 0.32 KV connector (loads prefix KV through the
         fetch client, publishes computed blocks through the producer path).

@@ -23,7 +23,7 @@ experiment starts together) and fetches in one of four modes:
 
 In every mode a stalled path falls back to the pool node directly (``--pool``) and each
 fragment's CRC is checked before it is written. With ``--verify-seed`` the whole chunk is
-compared with the synthetic pattern the pool preloaded (``hostagent.synthetic``).
+compared with the synthetic pattern the pool preloaded (``kvcast.synthetic``).
 
 With ``--report-url http://IP:PORT`` the agent also tells the controller about the access
 (``POST /v1/reports``, one record: ``hostagent.reports``): the record is queued when the fetch
@@ -73,8 +73,8 @@ from hostagent.fetch import MIN_RETRY_TIMEOUT_S, FetchClient, FetchError, FetchR
 from hostagent.integrity import load_tenant_keys
 from hostagent.ports import AGENT_PORT
 from hostagent.reports import HttpReporter, ReportSink
-from hostagent.synthetic import parse_key, synthetic_chunk
 from kvcast import p4constants as c
+from kvcast.synthetic import parse_key, synthetic_chunk
 from poolnode.server import DEFAULT_MTU
 
 __all__ = ["AGENT_PORT", "MODES", "AgentError", "build_parser", "main", "run_batch", "run_fetch"]

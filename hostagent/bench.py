@@ -58,8 +58,8 @@ import torch
 
 from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
-from hostagent.synthetic import parse_key, synthetic_chunk
 from kvcast import p4constants as c
+from kvcast.synthetic import parse_key, synthetic_chunk
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer, serve_asyncio
 

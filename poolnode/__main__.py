@@ -4,7 +4,7 @@ With ``--backend mooncake`` the node opens a Mooncake Store client (contributing
 ``--segment-mib`` of DRAM to the pool) against ``--master``, or starts its own
 ``mooncake_master`` on loopback with ``--start-master``. ``--backend memory`` serves an
 in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[:SEED]``
-(repeatable) stores the synthetic chunk of that name (``hostagent.synthetic``) through the
+(repeatable) stores the synthetic chunk of that name (``kvcast.synthetic``) through the
 backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
 node prints one ``poolnode listening ...`` line once it is ready, serves until SIGINT/SIGTERM,
 then prints its counters as ``poolnode stats k=v ...`` and exits 0.
@@ -50,8 +50,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hostagent.synthetic import ChunkSpec
 from kvcast import p4constants as c
+from kvcast.synthetic import ChunkSpec
 from poolnode.backend import InMemoryBackend, PoolBackend, PoolBackendError
 from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster

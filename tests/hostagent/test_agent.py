@@ -14,7 +14,7 @@ import pytest
 
 from hostagent.agent import AGENT_PORT, main
 from hostagent.ports import AGENT_PORT as PORTS_AGENT_PORT
-from hostagent.synthetic import synthetic_chunk
+from kvcast.synthetic import synthetic_chunk
 from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 

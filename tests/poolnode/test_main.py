@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hostagent.synthetic import ChunkSpec, synthetic_chunk
 from kvcast import p4constants as c
+from kvcast.synthetic import ChunkSpec, synthetic_chunk
 from kvcast.wire import KvpHeader, fragment_crc, get_message
 from tests.poolnode.conftest import needs_mooncake
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostagent.synthetic import ChunkSpec, parse_key, synthetic_chunk
+from kvcast.synthetic import ChunkSpec, parse_key, synthetic_chunk
 
 
 def test_same_name_same_bytes_and_length() -> None:
