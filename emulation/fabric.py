@@ -299,10 +299,10 @@ class FabricCluster(Cluster):
         """:meth:`update_group`'s work; a switch that is dead is only forgotten."""
         made = self._trees[group_id]
         tree = self.tree(hosts)
-        for name, replicas in tree.items():
-            if name not in made:
-                self.switch_node(name).client.multicast_group(group_id, replicas)
-                made[name] = []
+        created = [name for name in tree if name not in made]
+        for name in created:
+            self.switch_node(name).client.multicast_group(group_id, tree[name])
+            made[name] = []
         wanted = {(self.nodes[h].switch, self.nodes[h].port) for h in hosts}
         for switch, port in sorted(wanted):
             if port not in made[switch]:
@@ -314,9 +314,10 @@ class FabricCluster(Cluster):
                 )
                 made[switch].append(port)
         for name, replicas in tree.items():
-            self.switch_node(name).client.multicast_group(
-                group_id, replicas, update=p4r.Update.MODIFY
-            )
+            if name not in created:
+                self.switch_node(name).client.multicast_group(
+                    group_id, replicas, update=p4r.Update.MODIFY
+                )
         for name in [n for n in made if n not in tree]:
             ports = made.pop(name)
             if not self._alive(name):

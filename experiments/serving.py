@@ -857,6 +857,21 @@ def _sweep(
                     )
 
 
+def _publish(engines: Engines, plan: Plan, rnd: random.Random) -> tuple[list[int], dict[str, Any]]:
+    """Host 1 computes a new prompt (nothing loaded) and publishes its blocks to the pool.
+
+    Returns:
+        The prompt and host 1's answer: the full prefill's output the checks compare with.
+    """
+    name = engines.names[0]
+    prompt = _tokens(rnd, plan.prefix + plan.suffix)
+    ref = engines.ask(
+        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
+                "max_tokens": plan.max_tokens}}
+    )[name]  # fmt: skip
+    return prompt, ref
+
+
 def _switch_kill_check(
     cluster: Any, engines: Engines, plan: Plan, prefill_us_per_token: float | None = None
 ) -> dict[str, Any]:
@@ -873,12 +888,7 @@ def _switch_kill_check(
     switch.
     """
     names = engines.names
-    rnd = random.Random(plan.seed - 13)
-    prompt = _tokens(rnd, plan.prefix + plan.suffix)
-    ref = engines.ask(
-        {names[0]: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
-                    "max_tokens": plan.max_tokens}}
-    )[names[0]]  # fmt: skip
+    prompt, ref = _publish(engines, plan, random.Random(plan.seed - 13))
     need = len(names) * plan.prefix * emu_kv_bytes_per_token()
 
     def outage(down_s: float, kvcast: dict[str, Any]) -> dict[str, Any]:
@@ -1021,11 +1031,7 @@ def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, An
     """
     names = engines.names
     rnd = random.Random(plan.seed - 11)
-    prompt = _tokens(rnd, plan.prefix + plan.suffix)
-    ref = engines.ask(
-        {names[0]: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
-                    "max_tokens": plan.max_tokens}}
-    )[names[0]]  # fmt: skip
+    prompt, ref = _publish(engines, plan, rnd)
     killed = subprocess.run(
         [
             "pkill",
@@ -1070,12 +1076,7 @@ def _corrupt_check(engines: Engines, plan: Plan) -> dict[str, Any]:
     it); host 1 drops its cache and runs the prompt again through the connector.
     """
     name = engines.names[0]
-    rnd = random.Random(plan.seed - 7)
-    prompt = _tokens(rnd, plan.prefix + plan.suffix)
-    ref = engines.ask(
-        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
-                "max_tokens": plan.max_tokens}}
-    )[name]  # fmt: skip
+    prompt, ref = _publish(engines, plan, random.Random(plan.seed - 7))
     tenant, key = ref["saved"][3]
     with tempfile.TemporaryDirectory(prefix="kvcast-corrupt-") as tmp:
         good = Path(tmp) / "good.bin"

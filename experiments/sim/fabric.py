@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -160,8 +160,14 @@ def _workload(cfg: FabricSimConfig, plan: FabricPlan) -> list[tuple[list[str], s
     return out
 
 
-def _sources(rule: str, plan: FabricPlan, members: list[str], pool: str) -> list[str]:
-    """Where the group's prefix is cached under ``rule`` (empty: not cached)."""
+def _sources(
+    rule: str, plan: FabricPlan, members: list[str], pool: str, room: Callable[[str], bool]
+) -> list[str]:
+    """Where the group's prefix would be cached under ``rule`` (empty: nowhere).
+
+    ``room`` says whether a switch can take one more prefix; only ``first-meet`` looks for a
+    switch with room (the others' one choice fits or not, the caller checks).
+    """
     member_leaves = sorted({plan.nodes[h].switch for h in members})
     if rule == "pool":
         return []
@@ -172,7 +178,7 @@ def _sources(rule: str, plan: FabricPlan, members: list[str], pool: str) -> list
     if rule == "member-leaves":
         return member_leaves
     if rule == "first-meet":
-        return [plan.cache_switch(members, pool)]
+        return [s for s in plan.cache_path(members, pool) if room(s)][:1]
     raise ValueError(f"unknown rule {rule!r}; one of {', '.join(RULES)}")
 
 
@@ -228,11 +234,12 @@ def _run_rule(
 
     size = float(cfg.prefix_bytes)
     for g, (members, pool) in enumerate(work):
-        sources = _sources(rule, plan, members, pool)
-        if rule == "first-meet":
-            room = [s for s in plan.cache_path(members, pool) if used.get(s, 0) < cfg.sram_prefixes]
-            sources = room[:1]
-        fits = bool(sources) and all(used.get(s, 0) < cfg.sram_prefixes for s in sources)
+
+        def room(switch: str) -> bool:
+            return used.get(switch, 0) < cfg.sram_prefixes
+
+        sources = _sources(rule, plan, members, pool, room)
+        fits = bool(sources) and all(room(s) for s in sources)
         if fits:
             for s in sources:
                 used[s] = used.get(s, 0) + 1

@@ -152,24 +152,30 @@ def test_a_multicast_reaches_both_leaves_with_one_copy_per_tree_link(
 def test_no_host_names_a_group_on_a_leaf_where_it_is_no_member(
     fabric: tuple[Any, Any],
 ) -> None:
-    from kvcast import p4constants as c
 
     cluster, _ = fabric
     # h1 (port 1 of leaf s1) is the only member; h3 has port 1 too, under leaf s2.
     cluster.add_group(204, ["h1"])
     try:
-        leaf2 = cluster.switch_node("s2").client
-        before = leaf2.counters(c.COUNTER_INGRESS_STATS_DROP_COUNTER)[c.DROP_BAD_GROUP]
-        send = (
-            "import socket;from kvcast import wire;s=socket.socket(2,2);"
-            f"[s.sendto(wire.get_message({TENANT},{KEY:#x},0,i,204,0),('10.0.100.1',{c.KVP_UDP_PORT}))"
-            " for i in range(5)]"
-        )
-        cluster.host("h3").cmd(f'{sys.executable} -c "{send}"')
-        after = leaf2.counters(c.COUNTER_INGRESS_STATS_DROP_COUNTER)[c.DROP_BAD_GROUP]
-        assert after - before == 5
+        assert _refused(cluster, "h3", "s2", 204, gets=5) == 5
     finally:
         cluster.remove_group(204)
+
+
+def _refused(cluster: Any, host: str, leaf: str, group: int, gets: int = 1) -> int:
+    """GETs naming ``group`` that ``host`` sends, and ``leaf`` drops as BAD_GROUP."""
+    from kvcast import p4constants as c
+
+    client = cluster.switch_node(leaf).client
+    drops = c.COUNTER_INGRESS_STATS_DROP_COUNTER
+    before = client.counters(drops)[c.DROP_BAD_GROUP]
+    send = (
+        "import socket;from kvcast import wire;s=socket.socket(2,2);"
+        f"[s.sendto(wire.get_message({TENANT},{KEY:#x},0,i,{group},0),"
+        f"('10.0.100.1',{c.KVP_UDP_PORT})) for i in range({gets})]"
+    )
+    cluster.host(host).cmd(f'{sys.executable} -c "{send}"')
+    return int(client.counters(drops)[c.DROP_BAD_GROUP] - before)
 
 
 @pytest.mark.slow
@@ -240,20 +246,10 @@ def test_a_spine_killed_in_the_middle_of_the_fetches_is_survived(
 @pytest.mark.slow
 @pytest.mark.netns
 def test_hosts_join_and_leave_a_tree(fabric: tuple[Any, Any]) -> None:
-    from kvcast import p4constants as c
-
     cluster, _ = fabric
-    drops = c.COUNTER_INGRESS_STATS_DROP_COUNTER
 
     def refused(host: str, leaf: str) -> int:
-        client = cluster.switch_node(leaf).client
-        before = client.counters(drops)[c.DROP_BAD_GROUP]
-        send = (
-            "import socket;from kvcast import wire;s=socket.socket(2,2);"
-            f"s.sendto(wire.get_message({TENANT},{KEY:#x},0,1,210,0),('10.0.100.1',{c.KVP_UDP_PORT}))"
-        )
-        cluster.host(host).cmd(f'{sys.executable} -c "{send}"')
-        return int(client.counters(drops)[c.DROP_BAD_GROUP] - before)
+        return _refused(cluster, host, leaf, 210)
 
     cluster.add_group(210, ["h1"])  # one leaf: no uplink, no spine
     try:
