@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from hostagent.fetch import Address, FetchClient, FetchError, FetchOutcome, RecomputeReason
+from hostagent.fetch import (
+    Address,
+    FetchClient,
+    FetchError,
+    FetchOutcome,
+    FetchReport,
+    RecomputeReason,
+)
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
 from kvcast.wire import KvpHeader, nack_message
@@ -530,33 +537,30 @@ def test_replies_from_another_address_than_the_path_are_received(
 def test_replies_from_the_kvp_port_of_an_address_not_given_are_dropped(
     backend: InMemoryBackend,
 ) -> None:
-    elsewhere = _AnsweredFromElsewhere(backend)  # the KVP source port alone is no credential
-    try:
-        with (
-            FakeServer(elsewhere) as service,
-            make_client(service.address, timing=FAST) as client,
-        ):
-            elsewhere.client = ("127.0.0.1", client.address[1])
-            report = client.fetch(TENANT, KEY, dst())
-    finally:
-        elsewhere.sock.close()
+    # The KVP source port alone is no credential.
+    report = _fetch_answered_from_elsewhere(_AnsweredFromElsewhere(backend))
     assert not report.ok and report.frags_pool == 0
     assert report.foreign > 0
 
 
 def test_replies_from_a_host_port_that_is_no_path_are_dropped(backend: InMemoryBackend) -> None:
-    elsewhere = _AnsweredFromElsewhere(backend, port=0)  # an ephemeral port: not a KVP service
+    # An ephemeral port: not a KVP service.
+    report = _fetch_answered_from_elsewhere(_AnsweredFromElsewhere(backend, port=0))
+    assert not report.ok and report.frags_pool == 0
+    assert report.foreign > 0
+
+
+def _fetch_answered_from_elsewhere(elsewhere: _AnsweredFromElsewhere) -> FetchReport:
+    """A fetch whose GETs the service takes and whose replies come from ``elsewhere``."""
     try:
         with (
             FakeServer(elsewhere) as service,
             make_client(service.address, timing=FAST) as client,
         ):
             elsewhere.client = ("127.0.0.1", client.address[1])
-            report = client.fetch(TENANT, KEY, dst())
+            return client.fetch(TENANT, KEY, dst())
     finally:
         elsewhere.sock.close()
-    assert not report.ok and report.frags_pool == 0
-    assert report.foreign > 0
 
 
 def test_no_other_socket_can_share_the_client_port() -> None:
