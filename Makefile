@@ -55,7 +55,7 @@ p4-tofino:
 	    { [ -f build/tofino/kvcast.conf ] || { gen=$$(dirname $$(readlink -f $(P4C_TOFINO)))/p4c-gen-conf; \
 	      [ ! -x "$$gen" ] || (cd build/tofino && $$gen --conf-type BF-RT --bfrt-name bf-rt.json \
 	        --name kvcast --device tofino --p4-version p4-16 --outputdir . --pipe pipe); }; } && \
-	    $(PY) -m kvcast.tofino_summary build/tofino p4src/build/tofino; \
+	    $(PY) -m kvcast.tools.tofino_summary build/tofino p4src/build/tofino; \
 	else \
 	    inc=$$($(PY) -c 'from emulation.targets import tna_include_dir as t; print(t() or "")'); \
 	    [ -n "$(P4TEST)" ] && [ -n "$$inc" ] || { echo "neither bf-p4c nor p4test with tna.p4 found (docs/tofino.md)"; exit 1; }; \
@@ -65,9 +65,9 @@ p4-tofino:
 
 ## constants: regenerate kvcast/p4constants.py from the P4Info and p4src/shared/defines.p4
 constants:
-	$(PY) -m kvcast.gen_constants --p4info $(P4_OUT)/kvcast.p4info.txtpb \
-	    --defines p4src/shared/defines.p4 --sizes p4src/shared/sizes.p4 \
-	    --out kvcast/p4constants.py
+	$(PY) -m kvcast.tools.gen_constants --p4info $(P4_OUT)/kvcast.p4info.txtpb \
+	    --defines p4src/shared/defines.p4 --headers p4src/shared/headers.p4 \
+	    --sizes p4src/shared/sizes.p4 --out kvcast/p4constants.py
 
 bench: setup
 	$(PY) -m benchmarks

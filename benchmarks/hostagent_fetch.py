@@ -110,8 +110,8 @@ from hostagent import bench as hostbench
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.native import describe as describe_data_path
-from kvcast.p4rt_client import Lpm
 from kvcast.synthetic import synthetic_chunk
+from kvcast.tools.p4rt_client import Lpm
 from poolnode.server import frags_per_data
 
 SUITE = "hostagent_fetch"

@@ -19,7 +19,7 @@ from finsy.proto import p4r
 
 from emulation.targets import SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
 from kvcast import p4constants as c
-from kvcast.p4rt_client import P4RuntimeClient
+from kvcast.tools.p4rt_client import P4RuntimeClient
 
 BATCH = 100
 

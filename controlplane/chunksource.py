@@ -4,12 +4,12 @@ A policy names the chunks worth SRAM; their bytes live in the DRAM pool. Two sou
 
 * :class:`KvpChunkSource` asks the pool node that owns the key (the same consistent-hash ring
   the switch's ``pool_owner`` table holds) directly over KVP: the host agent's
-  :class:`~hostagent.fetch.FetchClient` with ``NOCACHE`` GETs, every fragment CRC-checked. It is
+  :class:`~kvcast.fetch.FetchClient` with ``NOCACHE`` GETs, every fragment CRC-checked. It is
   what the daemon uses: it needs nothing from the pool but the port every pool node serves
   anyway. A chunk's length, when the controller only knows its key (a hot-miss digest, an entry
   adopted from the switch), is read from the pool's DATA headers (``frag_count`` of fragment 0,
   ``payload_len`` of the last fragment).
-* :class:`BackendChunkSource` reads a :class:`~poolnode.backend.PoolBackend` in this process
+* :class:`BackendChunkSource` reads a :class:`~kvcast.backend.PoolBackend` in this process
   (a Mooncake client, or the in-memory backend of tests).
 
 Both answer :meth:`ChunkSource.ensure` for a DEMOTEd chunk: the chunk must stay in (or return
@@ -38,8 +38,9 @@ from typing import Any
 
 from controlplane.errors import ConfigError, ControlPlaneError
 from kvcast import p4constants as c
+from kvcast.backend import PoolBackend, PoolBackendError
+from kvcast.fetch import FetchClient, FetchError, RecomputeReason
 from kvcast.wire import KvpHeader, WireError, get_message
-from poolnode.backend import PoolBackend, PoolBackendError
 
 __all__ = [
     "Address",
@@ -161,11 +162,7 @@ class KvpChunkSource(ChunkSource):
 
     # ------------------------------------------------------------------ blocking parts
     def _read_blocking(self, addr: Address, tenant: int, key: int, nbytes: int) -> bytes:
-        import torch
-
-        from hostagent.fetch import FetchClient, FetchError, RecomputeReason
-
-        dst = torch.empty(nbytes, dtype=torch.uint8)
+        dst = bytearray(nbytes)
         try:
             with FetchClient(
                 None,
@@ -182,7 +179,7 @@ class KvpChunkSource(ChunkSource):
                 f"cannot read chunk {tenant}:{key:#x} ({nbytes} B) from {addr[0]}:{addr[1]}: {exc}"
             ) from exc
         if report.ok:
-            return bytes(dst.numpy().tobytes())
+            return bytes(dst)
         if report.reason is RecomputeReason.NOT_FOUND:
             raise ChunkNotFoundError(f"pool {addr[0]}:{addr[1]} has no chunk {tenant}:{key:#x}")
         if report.reason is RecomputeReason.REFUSED:

@@ -94,9 +94,9 @@ from controlplane.errors import ConfigError
 from controlplane.kvclasses import ClassSpec
 from controlplane.policies import PolicyConfigError, available_policies, make_policy
 from controlplane.targets import Target
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast.fabric import Attachment, FabricPlan, Uplink
+from kvcast.ports import AGENT_PORT
 
 _LOG = logging.getLogger(__name__)
 # The explicit opt-out of tenant binding for a host (``tenants: any``).

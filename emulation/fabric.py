@@ -31,7 +31,7 @@ from emulation.targets import BMV2_JSON_PATH
 from emulation.topo import SWITCH_MAC, FabricSpec, LeafSpineTopo, NodeAddr, fabric_addresses
 from kvcast import p4constants as c
 from kvcast.fabric import Attachment, FabricPlan, Uplink
-from kvcast.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
 
 
 class FabricCluster(Cluster):

@@ -1,6 +1,6 @@
 """Builds, programs and tears down an emulated kvcast cluster.
 
-Multicast replicas go to each host's ``AGENT_PORT`` (hostagent.ports), where its agent listens.
+Multicast replicas go to each host's ``AGENT_PORT`` (kvcast.ports), where its agent listens.
 
 Classes:
     Cluster: a running Mininet network built from a :class:`~emulation.topo.ClusterSpec` with an
@@ -49,9 +49,9 @@ from emulation.topo import (
     StarTopo,
     addresses,
 )
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
-from kvcast.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.ports import AGENT_PORT
+from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
 
 CLUSTER_LOCK = Path("/run/lock/kvcast-cluster.lock")
 """Held by every running cluster of this machine (see the module's docstring)."""

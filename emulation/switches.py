@@ -26,7 +26,7 @@ from typing import Any
 from mininet.node import Switch
 
 from emulation.targets import BMV2_JSON_PATH, SwitchProcess, bmv2_binary
-from kvcast.p4rt_client import P4RuntimeClient
+from kvcast.tools.p4rt_client import P4RuntimeClient
 
 
 class P4Switch(Switch):  # type: ignore[misc]

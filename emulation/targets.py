@@ -8,7 +8,7 @@ Classes:
     VethPair / VethPorts: veth pairs whose switch ends a switch process binds, and whose test
         ends a harness sends and receives raw frames on; removed again on close.
     SwitchProcess: a running switch (reference target or BMv2) with a connected
-        :class:`~kvcast.p4rt_client.P4RuntimeClient` that installed the pipeline.
+        :class:`~kvcast.tools.p4rt_client.P4RuntimeClient` that installed the pipeline.
     TargetUnavailableError: the target's binaries or the compiled program are missing.
 
 Functions:
@@ -33,7 +33,7 @@ from finsy.proto import p4i
 from google.protobuf import text_format
 
 from kvcast import p4constants as c
-from kvcast.p4rt_client import P4RuntimeClient
+from kvcast.tools.p4rt_client import P4RuntimeClient
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "p4src" / "build"

@@ -75,9 +75,9 @@ from experiments.output import pyplot, write_csv
 from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
-from kvcast.p4rt_client import P4RuntimeClientError
+from kvcast.ports import AGENT_PORT
+from kvcast.tools.p4rt_client import P4RuntimeClientError
 from poolnode.mooncake import find_master_binary
 from poolnode.server import frags_per_data
 

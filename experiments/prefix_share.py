@@ -65,7 +65,7 @@ def produce(master: str, my_ip: str) -> dict[str, Any]:
         What was stored and reported.
     """
     from hostagent.producer import Producer
-    from hostagent.reports import InMemorySink
+    from kvcast.reports import InMemorySink
     from poolnode.mooncake import MooncakeBackend
 
     backend = MooncakeBackend(

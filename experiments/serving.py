@@ -76,8 +76,8 @@ from typing import Any
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
 from experiments.output import pyplot, write_csv
 from experiments.serving_engine import BLOCK_SIZE
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast.ports import AGENT_PORT
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path("results/serving")

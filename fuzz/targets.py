@@ -177,7 +177,7 @@ def run_bmv2(count: int, seed: int) -> Counter[str]:
 
 def run_pool(count: int, seed: int) -> Counter[str]:
     """``count`` mutants of GETs (and of everything else) into the pool node's handler."""
-    from poolnode.backend import InMemoryBackend
+    from kvcast.backend import InMemoryBackend
     from poolnode.server import KvpGetHandler
 
     rng = random.Random(seed)
@@ -228,7 +228,7 @@ def run_agent(count: int, seed: int) -> Counter[str]:
     import torch
 
     from hostagent.fetch import FetchClient
-    from poolnode.backend import InMemoryBackend
+    from kvcast.backend import InMemoryBackend
     from poolnode.server import PoolServer
 
     rng = random.Random(seed)

@@ -26,7 +26,7 @@ fragment's CRC is checked before it is written. With ``--verify-seed`` the whole
 compared with the synthetic pattern the pool preloaded (``kvcast.synthetic``).
 
 With ``--report-url http://IP:PORT`` the agent also tells the controller about the access
-(``POST /v1/reports``, one record: ``hostagent.reports``): the record is queued when the fetch
+(``POST /v1/reports``, one record: ``kvcast.reports``): the record is queued when the fetch
 ends and posted by a background thread; before exiting, the agent waits at most
 ``--report-timeout`` for it to go out. A controller that is down or slow never changes the
 fetch's outcome or exit status; the JSON line's ``reports`` field says what happened to the
@@ -43,7 +43,7 @@ Exit status: 0 when the chunk is complete (and verified, if asked), 1 when the f
 the bytes differ, 2 when the agent could not start (bad arguments, port in use).
 
 Constants:
-    AGENT_PORT: re-exported from ``hostagent.ports``.
+    AGENT_PORT: re-exported from ``kvcast.ports``.
 
 Classes:
     AgentError: the fetch cannot run as asked (a mode without its group or service address).
@@ -70,12 +70,12 @@ from typing import Any, TextIO
 import torch
 
 from hostagent.fetch import MIN_RETRY_TIMEOUT_S, FetchClient, FetchError, FetchReport
-from hostagent.integrity import load_tenant_keys
-from hostagent.ports import AGENT_PORT
-from hostagent.reports import HttpReporter, ReportSink
 from kvcast import p4constants as c
+from kvcast.integrity import load_tenant_keys
+from kvcast.kvp import DEFAULT_MTU
+from kvcast.ports import AGENT_PORT
+from kvcast.reports import HttpReporter, ReportSink
 from kvcast.synthetic import parse_key, synthetic_chunk
-from poolnode.server import DEFAULT_MTU
 
 __all__ = ["AGENT_PORT", "MODES", "AgentError", "build_parser", "main", "run_batch", "run_fetch"]
 

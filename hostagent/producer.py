@@ -40,11 +40,11 @@ from typing import Any
 import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer
-from hostagent.integrity import chunk_mac, mac_key_of
 from hostagent.layout import KVLayout, PagedLayout, block_from_kv, gather_from_paged
-from hostagent.reports import AccessEntry, ReportSink
+from kvcast.backend import PoolBackend, PoolBackendError
+from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.kvclass import KvClass
-from poolnode.backend import PoolBackend, PoolBackendError
+from kvcast.reports import AccessEntry, ReportSink
 
 __all__ = ["Producer", "ProducerError", "PublishReport"]
 
@@ -100,7 +100,7 @@ class Producer:
         reporter: where the ``"stored"`` records go (None: no reports).
         host: this host's name or id in the records; default: the hostname.
         skip_present: ask the pool which chunks it holds first and put only the others.
-        mac_key: the tenant's secret (hostagent.integrity): each chunk is stored with a keyed
+        mac_key: the tenant's secret (kvcast.integrity): each chunk is stored with a keyed
             MAC next to it, which agents holding the same secret verify; None: no MAC.
 
     Raises:

@@ -7,7 +7,7 @@ ZMQ PUB, three frames per message (topic, 8-byte big-endian sequence number, msg
 The engine binds the endpoint when it contains ``*`` and connects to it otherwise, so this
 subscriber connects or binds the other way round.
 
-``EventTranslator`` turns the events into the controller's records (``hostagent.reports``):
+``EventTranslator`` turns the events into the controller's records (``kvcast.reports``):
 
 * ``BlockStored`` (GPU medium): one ``access`` record per block, ``hit`` unknown (the engine
   computed the block or loaded it), with its parent and its position in the prefix chain (the
@@ -56,7 +56,7 @@ from vllm.distributed.kv_events import (
 
 from hostagent.chunkkeys import WIRE_KEY_MASK, wire_key
 from hostagent.layout import KVLayout
-from hostagent.reports import AccessEntry, HttpReporter, ReportSink
+from kvcast.reports import AccessEntry, HttpReporter, ReportSink
 
 __all__ = ["EventStats", "EventTranslator", "KvEventSubscriber", "main"]
 

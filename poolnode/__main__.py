@@ -51,11 +51,12 @@ from types import FrameType
 from typing import Any
 
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend, PoolBackend, PoolBackendError
+from kvcast.kvp import DEFAULT_MTU
 from kvcast.synthetic import ChunkSpec
-from poolnode.backend import InMemoryBackend, PoolBackend, PoolBackendError
 from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster
-from poolnode.server import DEFAULT_MTU, PoolServer, ServerStats
+from poolnode.server import PoolServer, ServerStats
 from poolnode.tenants import SourceTenants
 
 

@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from kvcast.backend import BytesLike, PoolBackend, PoolBackendError, check_name
 from kvcast.kvclass import KvClass
-from poolnode.backend import BytesLike, PoolBackend, PoolBackendError, check_name
 
 PACKAGE = "mooncake-transfer-engine-non-cuda"
 

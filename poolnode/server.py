@@ -37,18 +37,17 @@ from types import ModuleType, TracebackType
 from typing import Any, NamedTuple, cast
 
 from kvcast import p4constants as c
+from kvcast.backend import PoolBackend
+from kvcast.kvp import DEFAULT_MTU, frag_count, frags_per_data
 from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
-from poolnode.backend import PoolBackend
 from poolnode.groups import GroupSource
 from poolnode.tenants import SourceTenants
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MTU = 1500
 MAX_GET_FRAGMENTS = 256
 """The most fragments a GET may ask a pool node for (64 KiB of 256-byte fragments)."""
-"""Ethernet MTU the default DATA size fits in (IPv4 + UDP + KVP header + fragments)."""
 
 _GET_BYTES = c.KVP_HDR_BYTES + c.FRAG_BYTES
 _DATA_VO = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
@@ -85,26 +84,6 @@ class DataAnswer(NamedTuple):
     end: int
     wire_bytes: int
     crcs: bytearray | None = None
-
-
-def frags_per_data(mtu: int) -> int:
-    """Fragments one DATA can carry within an IP MTU.
-
-    Args:
-        mtu: IP MTU in bytes (1500 for Ethernet).
-
-    Returns:
-        ``(mtu - IPv4 - UDP - KVP header) // FRAG_BYTES``.
-
-    Raises:
-        ValueError: the MTU cannot carry even one fragment.
-    """
-    n = (mtu - c.IPV4_HDR_BYTES - c.UDP_HDR_BYTES - c.KVP_HDR_BYTES) // c.FRAG_BYTES
-    if n < 1:
-        raise ValueError(
-            f"an MTU of {mtu} cannot carry one {c.FRAG_BYTES}-byte fragment with its headers"
-        )
-    return n
 
 
 @dataclass(slots=True)
@@ -154,7 +133,7 @@ def crc_slots(nbytes: int) -> bytearray:
     8 bytes per fragment: the CRC of the last DATA sent that starts at that fragment and its
     ``payload_len + 1`` (0: none yet), as two native-endian uint32.
     """
-    return bytearray(8 * -(-nbytes // c.FRAG_BYTES))
+    return bytearray(8 * frag_count(nbytes))
 
 
 class ChunkCache:
@@ -375,7 +354,7 @@ class KvpGetHandler:
             return self._nack(request, c.KVP_STATUS_NOT_FOUND)
         chunk, crcs = read
         size = len(chunk)
-        nfrags = -(-size // c.FRAG_BYTES)
+        nfrags = frag_count(size)
         end = frag_idx + count
         if count == 0 or end > nfrags:
             stats.bad_ranges += 1

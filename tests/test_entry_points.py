@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = [
     "benchmarks", "controlplane", "fuzz", "poolnode", "refswitch",
     "hostagent.agent", "hostagent.bench", "hostagent.vllm_events",
-    "kvcast.gen_constants", "kvcast.tofino_summary",
+    "kvcast.tools.gen_constants", "kvcast.tools.tofino_summary",
     "experiments.faults", "experiments.incast", "experiments.lofo", "experiments.prefill_rate",
     "experiments.prefix_share", "experiments.replication", "experiments.serving",
     "experiments.serving_engine", "experiments.trace_replay", "experiments.sim.validate",

@@ -195,9 +195,9 @@ def tofino1(sizes: Path | None = None) -> SwitchSpec:
         The spec.
 
     Raises:
-        kvcast.gen_constants.GeneratorError: if the C preprocessor is missing.
+        kvcast.tools.gen_constants.GeneratorError: if the C preprocessor is missing.
     """
-    from kvcast.gen_constants import parse_sizes
+    from kvcast.tools.gen_constants import parse_sizes
 
     path = sizes or _REPO / "p4src" / "shared" / "sizes.p4"
     s = parse_sizes(path, path.parent.parent, "__TARGET_TOFINO__")

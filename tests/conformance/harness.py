@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from emulation.targets import SwitchProcess, VethPorts, load_p4info
-from kvcast.p4rt_client import P4RuntimeClient
+from kvcast.tools.p4rt_client import P4RuntimeClient
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
 from refswitch.runtime import SwitchState

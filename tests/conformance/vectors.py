@@ -24,7 +24,7 @@ from finsy.proto import p4r
 
 from kvcast import p4constants as c
 from kvcast import wire
-from kvcast.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
 from kvcast.wire import KvpHeader
 from refswitch.edge import EdgeReason as R
 

@@ -23,7 +23,7 @@ from controlplane.daemon import Controller
 from controlplane.reports import AccessReport, ReportClient
 from kvcast import p4constants as c
 from kvcast import wire
-from poolnode.backend import InMemoryBackend
+from kvcast.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from refswitch.runtime import ActionCall, Lpm
 

@@ -11,8 +11,8 @@ import pytest
 import controlplane.config as config_module
 from controlplane.config import SRAM_BYTES, ListenAddress, load_config, parse_config
 from controlplane.errors import ConfigError
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast.ports import AGENT_PORT
 
 MINIMAL: dict[str, Any] = {"switches": [{"name": "s1", "address": "127.0.0.1:9559"}]}
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from poolnode.backend import PoolBackend
+from kvcast.backend import PoolBackend
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
 

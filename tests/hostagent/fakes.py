@@ -14,8 +14,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KVP_STRUCT, KvpHeader, data_message, fragment_crc
-from poolnode.backend import InMemoryBackend
 from poolnode.groups import ANY_GROUP
 from poolnode.server import KvpGetHandler
 

@@ -30,10 +30,10 @@ from types import TracebackType
 
 from finsy.proto import p4r
 
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
 from kvcast import wire
-from kvcast.p4rt_client import Lpm
+from kvcast.ports import AGENT_PORT
+from kvcast.tools.p4rt_client import Lpm
 from tests.conformance.harness import InProcessRefTarget
 
 Address = tuple[str, int]

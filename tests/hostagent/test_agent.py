@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from hostagent.agent import AGENT_PORT, main
-from hostagent.ports import AGENT_PORT as PORTS_AGENT_PORT
+from kvcast.backend import InMemoryBackend
+from kvcast.ports import AGENT_PORT as PORTS_AGENT_PORT
 from kvcast.synthetic import synthetic_chunk
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 
 TENANT, KEY, NBYTES, SEED = 2, 0xC0FFEE0012, 50_000, 11

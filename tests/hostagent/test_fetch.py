@@ -21,8 +21,8 @@ from hostagent.fetch import (
 )
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, nack_message
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import (
     Corrupting,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from hostagent.fetch import ChunkRequest, FetchClient, FetchError, RecomputeReason
-from hostagent.integrity import chunk_mac, mac_key_of
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
+from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.wire import KvpHeader, data_message
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, Gate, pool
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from emulation.targets import REPO
-from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast.ports import AGENT_PORT
 from tests.mininet_env import MININET_MISSING
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]

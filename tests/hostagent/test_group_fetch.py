@@ -21,8 +21,8 @@ import torch
 from hostagent.fetch import Address, FetchClient, FetchError, FetchReport, RecomputeReason
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader
-from poolnode.backend import InMemoryBackend
 from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent

@@ -11,8 +11,8 @@ from hostagent.chunkkeys import ChunkKeyer
 from hostagent.fetch import FetchClient, RecomputeReason
 from hostagent.layout import KVLayout, LayoutError
 from hostagent.prefix import PrefixFetcher
-from hostagent.reports import InMemorySink
-from poolnode.backend import InMemoryBackend
+from kvcast.backend import InMemoryBackend
+from kvcast.reports import InMemorySink
 from poolnode.server import PoolServer
 
 TENANT, BLOCK, SEED = 6, 4, "0"

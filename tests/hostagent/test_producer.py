@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from hostagent.chunkkeys import ChunkKeyer
-from hostagent.integrity import mac_key_of
 from hostagent.layout import KVLayout, LayoutError, block_from_kv, scatter_to_paged
 from hostagent.producer import Producer, ProducerError
-from hostagent.reports import InMemorySink
+from kvcast.backend import BytesLike, InMemoryBackend, PoolBackend, PoolBackendError
+from kvcast.integrity import mac_key_of
 from kvcast.kvclass import KvClass
-from poolnode.backend import BytesLike, InMemoryBackend, PoolBackend, PoolBackendError
+from kvcast.reports import InMemorySink
 from tests.poolnode.conftest import MOONCAKE_MISSING
 
 TENANT = 4

@@ -1,4 +1,4 @@
-"""hostagent.reports: access records, the HTTP reporter against local servers, the fetch hook."""
+"""kvcast.reports: access records, the HTTP reporter against local servers, the fetch hook."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import torch
 from controlplane.reports import AccessReport, HttpApi, parse_reports, report_routes
 from hostagent import agent
 from hostagent.fetch import FetchClient, FetchOutcome, FetchReport, RecomputeReason
-from hostagent.reports import (
+from kvcast.backend import InMemoryBackend
+from kvcast.fetch import entry_from_fetch
+from kvcast.reports import (
     AccessEntry,
     HttpReporter,
     InMemorySink,
     ReportError,
     ReportSink,
     ReportStats,
-    entry_from_fetch,
 )
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 
 TENANT, KEY, NBYTES = 3, 0xFEDC_BA98_7654_3210, 5000  # a key above 2**53 stays exact

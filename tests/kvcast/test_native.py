@@ -332,7 +332,7 @@ def test_send_data_sends_the_python_paths_datas(mtu: int, first: int, end: int, 
     # 576 B carries one fragment per DATA: 300 DATAs cross the 256-message sendmmsg batch. With
     # gso, DATAs leave several per UDP GSO message (the last one of a range shorter); the
     # receiver must still get each DATA as its own datagram, byte for byte.
-    from poolnode.backend import InMemoryBackend
+    from kvcast.backend import InMemoryBackend
     from poolnode.groups import StaticGroups
     from poolnode.server import DataAnswer, KvpGetHandler
 

@@ -6,7 +6,7 @@ import pytest
 
 from kvcast import p4constants as c
 from kvcast import wire
-from kvcast.p4rt_client import P4RuntimeClient, P4RuntimeClientError
+from kvcast.tools.p4rt_client import P4RuntimeClient, P4RuntimeClientError
 from tests.conformance.harness import InProcessRefTarget
 from tests.conformance.vectors import HOSTS, VIP, host_frame
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from emulation.targets import BUILD, REPO, p4c_binary
-from kvcast import gen_constants
+from kvcast.tools import gen_constants
 
 P4_MAIN = REPO / "p4src" / "v1model" / "kvcast.p4"
 
@@ -68,7 +68,13 @@ def test_generated_constants_match_p4info_defines_and_sizes() -> None:
         gen_constants.parse_defines((src / "defines.p4").read_text()),
         gen_constants.parse_sizes(src / "sizes.p4", REPO / "p4src"),
         gen_constants.load_p4info(BUILD / "kvcast.p4info.txtpb"),
-        ["p4src/shared/defines.p4", "p4src/shared/sizes.p4", "p4src/build/kvcast.p4info.txtpb"],
+        [
+            "p4src/shared/defines.p4",
+            "p4src/shared/headers.p4",
+            "p4src/shared/sizes.p4",
+            "p4src/build/kvcast.p4info.txtpb",
+        ],
+        gen_constants.parse_header_bits((src / "headers.p4").read_text()),
     )
     assert text == (REPO / "kvcast" / "p4constants.py").read_text(), (
         "kvcast/p4constants.py is stale: run `make constants` and commit"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from emulation.targets import REPO
-from kvcast import gen_constants
-from kvcast.gen_constants import GeneratorError
+from kvcast.tools import gen_constants
+from kvcast.tools.gen_constants import GeneratorError
 
 SIZES = REPO / "p4src" / "shared" / "sizes.p4"
 TARGETS = [None, "__TARGET_TOFINO__"]

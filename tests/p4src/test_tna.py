@@ -30,7 +30,7 @@ from emulation.targets import (
     tna_include_dir,
     tofino_compiler,
 )
-from kvcast.tofino_summary import summarize
+from kvcast.tools.tofino_summary import summarize
 
 TOFINO_BUILD = REPO / "p4src" / "build" / "tofino"
 

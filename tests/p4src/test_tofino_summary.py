@@ -1,6 +1,6 @@
 """p4src/build/tofino: what the Tofino backend placed, committed, and kept fresh.
 
-The summary is written by ``make p4-tofino`` (kvcast.tofino_summary) from the compiler's own
+The summary is written by ``make p4-tofino`` (kvcast.tools.tofino_summary) from the compiler's own
 resource report. These tests need no compiler: they recompute the sources' hash (a source change
 without a new compile fails here), hold the summary to the chip's budget, and check that
 docs/tofino.md quotes it. Where the compiler exists, tests/p4src/test_tna.py recompiles and
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kvcast.gen_constants import parse_sizes
-from kvcast.tofino_summary import REPO, SOURCE_DIRS, source_sha256
+from kvcast.tools.gen_constants import parse_sizes
+from kvcast.tools.tofino_summary import REPO, SOURCE_DIRS, source_sha256
 
 BUILD = REPO / "p4src" / "build" / "tofino"
 MIB = 1 << 20

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from kvcast.backend import ClassFigures, InMemoryBackend, PoolBackend, PoolBackendError
 from kvcast.kvclass import KvClass
-from poolnode.backend import ClassFigures, InMemoryBackend, PoolBackend, PoolBackendError
 
 BACKENDS = ["memory", "mooncake"]
 _keys = itertools.count(0x1000)

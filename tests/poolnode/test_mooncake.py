@@ -13,9 +13,9 @@ import torch
 
 from hostagent.fetch import FetchClient, RecomputeReason
 from kvcast import p4constants as c
+from kvcast.backend import PoolBackendError
 from kvcast.kvclass import KvClass
 from poolnode import mooncake
-from poolnode.backend import PoolBackendError
 from poolnode.mooncake import (
     MasterStartError,
     MooncakeBackend,

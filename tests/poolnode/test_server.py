@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend, PoolBackendError
 from kvcast.wire import KvpHeader, fragment_crc, get_message
-from poolnode.backend import InMemoryBackend, PoolBackendError
 from poolnode.groups import StaticGroups
 from poolnode.server import (
     MAX_GET_FRAGMENTS,

@@ -18,8 +18,8 @@ import torch
 
 from hostagent.fetch import FetchClient
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, data_message, nack_message
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, pool
 

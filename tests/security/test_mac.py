@@ -12,11 +12,11 @@ import torch
 
 from hostagent.chunkkeys import ChunkKeyer
 from hostagent.fetch import FetchClient, FetchReport, RecomputeReason
-from hostagent.integrity import MAC_BYTES, chunk_mac, load_tenant_keys, mac_key_of
 from hostagent.layout import KVLayout
 from hostagent.producer import Producer
 from kvcast import p4constants as c
-from poolnode.backend import InMemoryBackend
+from kvcast.backend import InMemoryBackend
+from kvcast.integrity import MAC_BYTES, chunk_mac, load_tenant_keys, mac_key_of
 from poolnode.server import PoolServer
 
 # Each test runs on the native data path and on the pure-Python one.

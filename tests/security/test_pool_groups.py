@@ -11,9 +11,9 @@ import pytest
 
 from controlplane.reports import HttpApi, Response
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, get_message
 from poolnode.__main__ import _parser
-from poolnode.backend import InMemoryBackend
 from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.server import KvpGetHandler, PoolServer
 from poolnode.tenants import SourceTenants

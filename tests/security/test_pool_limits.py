@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, get_message
-from poolnode.backend import InMemoryBackend
 from poolnode.server import MAX_GET_FRAGMENTS, KvpGetHandler
 
 TENANT, KEY = 3, 0xA3A3

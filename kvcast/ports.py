@@ -1,4 +1,4 @@
-"""UDP ports of the host agent, importable without torch or Mininet.
+"""UDP ports of the host agent, a contract between the switch program, the controller and agents.
 
 The emulation programs every GPU host's multicast replica destination (``replica_dst``) with
 ``AGENT_PORT``, and every agent that takes part in a group fetch binds it: the switch rewrites

@@ -2,8 +2,8 @@
 
 ``make p4-tofino`` compiles the TNA program with the ``bf-p4c`` driver (front end, Tofino
 backend and assembler, which refuses a program over 12 stages) into ``build/tofino``, then runs
-``python -m kvcast.tofino_summary build/tofino p4src/build/tofino``, which copies the P4Info and
-the compiler's resource logs there and writes ``summary.json`` from the compiler's
+``python -m kvcast.tools.tofino_summary build/tofino p4src/build/tofino``, which copies the
+P4Info and the compiler's resource logs there and writes ``summary.json`` from the compiler's
 ``resources.json``:
 
 * ``stages_used``, and per stage the tables, SRAM and TCAM blocks and stateful ALUs placed;
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvcast.gen_constants import GeneratorError, parse_sizes
+from kvcast.tools.gen_constants import GeneratorError, parse_sizes
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("p4src/tna", "p4src/shared")

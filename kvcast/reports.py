@@ -1,4 +1,4 @@
-"""Access reports from the host agent to the control plane (``POST /v1/reports``).
+"""Access reports from host agents to the control plane (``POST /v1/reports``): the client side.
 
 Every chunk a host fetches (or needed and could not fetch) is one access record for the
 controller's cache policy: ``{tenant, key, size, host, time, hit, parent?, position?}`` with the
@@ -10,13 +10,13 @@ go through a ``ReportSink`` whose ``submit`` only appends to a bounded queue; th
 posts batches from a background thread and, when the controller is down or the queue is full,
 drops records and counts them.
 
-``hit`` from a ``FetchReport`` (``entry_from_fetch``): **true when most fragments (more than
-half) came from the switch** (``frags_hit * 2 > frag_count``), false otherwise; ``None`` when the
-fetch ended in RECOMPUTE (the chunk was needed but not fetched: still an access, with no
-source). "Most" rather than "all" because a chunk the switch holds can still have a few
-fragments come from the pool: one whose SRAM copy failed its CRC, or the tail of a chunk evicted
-during the fetch. The controller counts one ``hit=true`` report as one whole-chunk fetch the
-switch's hit counters should show; a fetch that the switch served mostly is that fetch.
+``hit`` from a fetch's report (``kvcast.fetch.entry_from_fetch``): **true when most fragments (more
+than half) came from the switch** (``frags_hit * 2 > frag_count``), false otherwise; ``None`` when
+the fetch ended in RECOMPUTE (the chunk was needed but not fetched: still an access, with no
+source). "Most" rather than "all" because a chunk the switch holds can still have a few fragments
+come from the pool: one whose SRAM copy failed its CRC, or the tail of a chunk evicted during the
+fetch. The controller counts one ``hit=true`` report as one whole-chunk fetch the switch's hit
+counters should show; a fetch that the switch served mostly is that fetch.
 
 HTTP answers (``HttpReporter``): 2xx: sent (the ``accepted`` count of the JSON answer, or the
 whole batch with ``bad_responses`` counted when the answer is not that JSON); 4xx: the
@@ -33,8 +33,6 @@ Classes:
     HttpReporter: batches records and posts them to the controller in a background thread.
     ReportError: a reporter cannot be made as asked (bad URL or bounds).
 
-Functions:
-    entry_from_fetch: the access record of one fetch.
 """
 
 from __future__ import annotations
@@ -50,12 +48,9 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvcast.kvclass import KvClass
-
-if TYPE_CHECKING:
-    from hostagent.fetch import FetchReport
 
 __all__ = [
     "REPORTS_PATH",
@@ -65,7 +60,6 @@ __all__ = [
     "ReportError",
     "ReportSink",
     "ReportStats",
-    "entry_from_fetch",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -127,45 +121,6 @@ class AccessEntry:
         if self.kv_class is not None:
             out["class"] = self.kv_class.value
         return out
-
-
-def entry_from_fetch(
-    report: FetchReport,
-    host: str | int,
-    *,
-    when: float | None = None,
-    parent: int | None = None,
-    position: int | None = None,
-    kv_class: KvClass | None = None,
-) -> AccessEntry:
-    """The access record of one fetch (one chunk).
-
-    Args:
-        report: the fetch's report.
-        host: the reporting host's name (or id) as the controller knows it.
-        when: Unix seconds of the access; default: now.
-        parent: key of the previous block of the prefix chain, if known.
-        position: the block's index in its chain, if known.
-        kv_class: the chunk's declared class, if any.
-
-    Returns:
-        The record; ``hit`` is True when more than half of the chunk's fragments came from the
-        switch, False when fewer did, None when the fetch ended in RECOMPUTE.
-    """
-    hit: bool | None = None
-    if report.ok:
-        hit = report.frags_hit * 2 > report.frag_count
-    return AccessEntry(
-        tenant=report.tenant,
-        key=report.key,
-        size=report.nbytes,
-        host=host,
-        time=time.time() if when is None else when,
-        hit=hit,
-        parent=parent,
-        position=position,
-        kv_class=kv_class,
-    )
 
 
 @dataclass(slots=True)
