@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from controlplane.config import DaemonConfig, ListenAddress, load_config
 from controlplane.errors import ControlPlaneError
-from controlplane.reports import ReportClient
+from kvcast.reports import ReportClient
 
 __all__ = ["build_parser", "main"]
 

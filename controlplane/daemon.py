@@ -117,7 +117,6 @@ from controlplane.p4rt import SessionInfo, SwitchClient, SwitchConfig, SwitchFle
 from controlplane.policies import Access, CachePolicy, Decision, EvictAction, make_policy
 from controlplane.push import PushCandidate, PushHost, PushPlan, PushPlanner
 from controlplane.reports import (
-    AccessReport,
     Handler,
     HttpApi,
     ReportRejectedError,
@@ -127,6 +126,7 @@ from controlplane.reports import (
 from kvcast import p4constants as c
 from kvcast.fabric import FabricPlan
 from kvcast.kvclass import KV_CLASS_NAMES, KvClass
+from kvcast.reports import AccessReport
 
 __all__ = [
     "OBSERVER_HOST",

@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 
 from controlplane.errors import ConfigError
-from controlplane.reports import ReportError, parse_key
 from kvcast.kvclass import KvClass, parse_kv_class
+from kvcast.reports import ReportError, parse_key
 
 __all__ = [
     "REASON_DECLARED",

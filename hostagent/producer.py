@@ -44,7 +44,7 @@ from hostagent.layout import KVLayout, PagedLayout, block_from_kv, gather_from_p
 from kvcast.backend import PoolBackend, PoolBackendError
 from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.kvclass import KvClass
-from kvcast.reports import AccessEntry, ReportSink
+from kvcast.reports import AccessReport, ReportSink
 
 __all__ = ["Producer", "ProducerError", "PublishReport"]
 
@@ -333,7 +333,7 @@ class Producer:
         stored = set(report.stored_keys)
         now = time.time()
         entries = [
-            AccessEntry(
+            AccessReport(
                 tenant=self.tenant,
                 key=ck.key,
                 size=self.layout.chunk_bytes,

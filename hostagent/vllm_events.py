@@ -56,7 +56,7 @@ from vllm.distributed.kv_events import (
 
 from hostagent.chunkkeys import WIRE_KEY_MASK, wire_key
 from hostagent.layout import KVLayout
-from kvcast.reports import AccessEntry, HttpReporter, ReportSink
+from kvcast.reports import AccessReport, HttpReporter, ReportSink
 
 __all__ = ["EventStats", "EventTranslator", "KvEventSubscriber", "main"]
 
@@ -140,7 +140,7 @@ class EventTranslator:
             keys = keys[1:]
         return next((k for k in keys if isinstance(k, str)), None)
 
-    def handle(self, batch: KVEventBatch) -> list[AccessEntry]:
+    def handle(self, batch: KVEventBatch) -> list[AccessReport]:
         """Translates one batch and hands its records to the sink.
 
         Args:
@@ -150,7 +150,7 @@ class EventTranslator:
             The records made (already submitted).
         """
         self.stats.batches += 1
-        entries: list[AccessEntry] = []
+        entries: list[AccessReport] = []
         for event in batch.events:
             if isinstance(event, AllBlocksCleared):
                 self.stats.cleared += 1
@@ -167,7 +167,7 @@ class EventTranslator:
             self.sink.submit(entries)
         return entries
 
-    def _stored(self, event: BlockStored, ts: float) -> list[AccessEntry]:
+    def _stored(self, event: BlockStored, ts: float) -> list[AccessReport]:
         parent = None if event.parent_block_hash is None else block_key(event.parent_block_hash)
         if parent is None:
             salt = self._salt(event)
@@ -182,7 +182,7 @@ class EventTranslator:
         for h in event.block_hashes:
             key = block_key(h)
             out.append(
-                AccessEntry(
+                AccessReport(
                     tenant=tenant,
                     key=key,
                     size=self.chunk_bytes,

@@ -8,7 +8,7 @@ Classes:
         failures, duration).
 
 Functions:
-    entry_from_fetch: the access record (``kvcast.reports.AccessEntry``) of one fetch.
+    entry_from_fetch: the access record (``kvcast.reports.AccessReport``) of one fetch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvcast.kvclass import KvClass
-from kvcast.reports import AccessEntry
+from kvcast.reports import AccessReport
 
 
 class FetchError(ValueError):
@@ -164,7 +164,7 @@ def entry_from_fetch(
     parent: int | None = None,
     position: int | None = None,
     kv_class: KvClass | None = None,
-) -> AccessEntry:
+) -> AccessReport:
     """The access record of one fetch (one chunk).
 
     Args:
@@ -182,7 +182,7 @@ def entry_from_fetch(
     hit: bool | None = None
     if report.ok:
         hit = report.frags_hit * 2 > report.frag_count
-    return AccessEntry(
+    return AccessReport(
         tenant=report.tenant,
         key=report.key,
         size=report.nbytes,

@@ -20,10 +20,10 @@ from controlplane.allocator import SlotRange
 from controlplane.chunksource import BackendChunkSource, ChunkSource
 from controlplane.config import DaemonConfig, parse_config
 from controlplane.daemon import Controller
-from controlplane.reports import AccessReport, ReportClient
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.backend import InMemoryBackend
+from kvcast.reports import AccessReport, ReportClient
 from poolnode.server import PoolServer
 from refswitch.runtime import ActionCall, Lpm
 

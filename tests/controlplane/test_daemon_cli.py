@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from controlplane.__main__ import main
-from controlplane.reports import AccessReport, ReportClient
+from kvcast.reports import AccessReport, ReportClient
 
 from .test_p4rt_harness import (
     HOST_IP,

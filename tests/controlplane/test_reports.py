@@ -13,17 +13,9 @@ from typing import Any
 import pytest
 
 from controlplane.errors import ControlPlaneError
-from controlplane.reports import (
-    EVENT_STORED,
-    AccessReport,
-    HttpApi,
-    ReportClient,
-    ReportError,
-    ReportRejectedError,
-    parse_reports,
-    report_routes,
-)
+from controlplane.reports import HttpApi, ReportRejectedError, report_routes
 from kvcast.kvclass import KvClass
+from kvcast.reports import EVENT_STORED, AccessReport, ReportClient, ReportError, parse_reports
 
 GOOD = {
     "tenant": 7,

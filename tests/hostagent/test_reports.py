@@ -12,18 +12,19 @@ from typing import Any
 import pytest
 import torch
 
-from controlplane.reports import AccessReport, HttpApi, parse_reports, report_routes
+from controlplane.reports import HttpApi, report_routes
 from hostagent import agent
 from hostagent.fetch import FetchClient, FetchOutcome, FetchReport, RecomputeReason
 from kvcast.backend import InMemoryBackend
 from kvcast.fetch import entry_from_fetch
 from kvcast.reports import (
-    AccessEntry,
+    AccessReport,
     HttpReporter,
     InMemorySink,
     ReportError,
     ReportSink,
     ReportStats,
+    parse_reports,
 )
 from poolnode.server import PoolServer
 
@@ -96,8 +97,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entries(n: int, host: str = "h1") -> list[AccessEntry]:
-    return [AccessEntry(TENANT, KEY + i, 4096, host, 1.7e9 + i, hit=i % 2 == 0) for i in range(n)]
+def _entries(n: int, host: str = "h1") -> list[AccessReport]:
+    return [AccessReport(TENANT, KEY + i, 4096, host, 1.7e9 + i, hit=i % 2 == 0) for i in range(n)]
 
 
 def _balanced(stats: ReportStats) -> bool:
@@ -131,15 +132,16 @@ def test_hit_means_more_than_half_of_the_fragments_from_the_switch(
 
 def test_a_recomputed_chunk_is_an_access_with_unknown_source() -> None:
     entry = entry_from_fetch(_report(0, 3, ok=False), "h1", when=5.0, parent=7, position=2)
-    assert entry == AccessEntry(TENANT, KEY, 2560, "h1", 5.0, None, 7, 2)
+    assert entry == AccessReport(TENANT, KEY, 2560, "h1", 5.0, None, 7, 2)
 
 
-def test_json_keeps_the_key_an_integer_and_leaves_out_unknown_fields() -> None:
-    assert AccessEntry(TENANT, KEY, 10, "h1", 1.5).as_json() == {
-        "tenant": TENANT, "key": KEY, "size": 10, "host": "h1", "time": 1.5,
+def test_json_writes_keys_as_hex_strings_and_leaves_out_unset_fields() -> None:
+    # A key above 2**53 as a JSON number loses precision in many readers; a string never does.
+    assert AccessReport(TENANT, KEY, 10, "h1", 1.5).as_json() == {
+        "tenant": TENANT, "key": f"{KEY:#x}", "size": 10, "host": "h1", "time": 1.5,
     }  # fmt: skip
-    full = AccessEntry(TENANT, KEY, 10, 4, 1.5, hit=False, parent=KEY - 1, position=0).as_json()
-    assert (full["hit"], full["parent"], full["position"]) == (False, KEY - 1, 0)
+    full = AccessReport(TENANT, KEY, 10, 4, 1.5, hit=False, parent=KEY - 1, position=0).as_json()
+    assert (full["hit"], full["parent"], full["position"]) == (False, f"{KEY - 1:#x}", 0)
 
 
 def test_the_controllers_parser_accepts_the_records() -> None:
@@ -151,7 +153,7 @@ def test_the_controllers_parser_accepts_the_records() -> None:
 
 
 def test_the_controllers_parser_accepts_stored_records() -> None:
-    entry = AccessEntry(TENANT, KEY, 4096, "h1", 1.7e9, parent=KEY - 1, position=1, event="stored")
+    entry = AccessReport(TENANT, KEY, 4096, "h1", 1.7e9, parent=KEY - 1, position=1, event="stored")
     (got,) = parse_reports(json.dumps([entry.as_json()]).encode())
     assert got == AccessReport(TENANT, KEY, 4096, "h1", 1.7e9, None, KEY - 1, 1, "stored")
     assert got.stored
@@ -337,7 +339,7 @@ def test_every_fetch_hands_one_record_to_the_sink(pool: tuple[str, int]) -> None
 
 def test_a_sink_that_raises_does_not_fail_the_fetch(pool: tuple[str, int]) -> None:
     class Broken(ReportSink):
-        def submit(self, entries: Sequence[AccessEntry]) -> None:
+        def submit(self, entries: Sequence[AccessReport]) -> None:
             raise RuntimeError("sink broke")
 
         def stats(self) -> ReportStats:
@@ -375,7 +377,7 @@ def test_agent_reports_the_fetch_to_the_url(
     assert record["reports"]["sent"] == 1
     (entry,) = server.batches()[0]
     assert (entry["key"], entry["host"], entry["hit"], entry["parent"], entry["position"]) == (
-        KEY, "hx", False, 0x11, 1,
+        f"{KEY:#x}", "hx", False, "0x11", 1,
     )  # fmt: skip
     assert record["t_start"] <= entry["time"]
 

@@ -19,9 +19,11 @@ from vllm.distributed.kv_events import (  # noqa: E402
     ZmqEventPublisher,
 )
 
-from controlplane.reports import parse_reports  # noqa: E402
 from hostagent.vllm_events import EventTranslator, KvEventSubscriber, block_key  # noqa: E402
-from kvcast.reports import InMemorySink  # noqa: E402
+from kvcast.reports import (
+    InMemorySink,  # noqa: E402
+    parse_reports,  # noqa: E402
+)
 
 CHUNK = 4096
 H = [0x1111_0000_0000_0001, 0x2222_0000_0000_0002, 0x3333_0000_0000_0003]
