@@ -65,8 +65,8 @@ def produce(master: str, my_ip: str) -> dict[str, Any]:
         What was stored and reported.
     """
     from hostagent.producer import Producer
+    from kvcast.mooncake import MooncakeBackend
     from kvcast.reports import InMemorySink
-    from poolnode.mooncake import MooncakeBackend
 
     backend = MooncakeBackend(
         master, local_hostname=my_ip, global_segment_size=0, local_buffer_size=4 << 20

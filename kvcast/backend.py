@@ -6,7 +6,7 @@ existing key may keep the stored copy.
 
 Every put names the chunks' KV class (``kvcast.kvclass``; transient by default): under pressure
 a backend drops transient chunks before static ones. Mooncake Store soft-pins static objects
-(``poolnode.mooncake``); ``InMemoryBackend`` with a ``capacity_bytes`` evicts its least recently
+(``kvcast.mooncake``); ``InMemoryBackend`` with a ``capacity_bytes`` evicts its least recently
 used transient chunk first, and a static one only when no transient chunk is left.
 
 Classes:

@@ -53,9 +53,10 @@ from typing import Any
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend, PoolBackend, PoolBackendError
 from kvcast.kvp import DEFAULT_MTU
+from kvcast.mooncake import MooncakeBackend
 from kvcast.synthetic import ChunkSpec
 from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
-from poolnode.mooncake import MasterStartError, MooncakeBackend, MooncakeMaster
+from poolnode.mooncake import MasterStartError, MooncakeMaster
 from poolnode.server import PoolServer, ServerStats
 from poolnode.tenants import SourceTenants
 

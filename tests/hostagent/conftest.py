@@ -15,7 +15,8 @@ def mooncake_store() -> Iterator[PoolBackend]:
     """A Mooncake Store client with its own segment, on a mooncake_master of its own."""
     if MOONCAKE_MISSING:
         pytest.skip(MOONCAKE_MISSING)
-    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
+    from kvcast.mooncake import MooncakeBackend
+    from poolnode.mooncake import MooncakeMaster
 
     with MooncakeMaster() as master:
         backend = MooncakeBackend(

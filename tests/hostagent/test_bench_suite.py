@@ -11,8 +11,8 @@ from benchmarks import hostagent_fetch as suite
 from benchmarks import parse_line
 from emulation.targets import P4INFO_PATH, TargetUnavailableError
 from hostagent import bench as hostbench
+from kvcast.mooncake import MooncakeUnavailableError
 from kvcast.native import native
-from poolnode.mooncake import MooncakeUnavailableError
 
 
 def _fields(lines: list[str]) -> dict[str, dict[str, str]]:

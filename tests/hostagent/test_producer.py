@@ -156,7 +156,8 @@ def test_publish_into_mooncake_store_with_batch_put_from(mooncake_store: PoolBac
 def test_a_dead_mooncake_master_is_a_counted_failure_not_a_hang() -> None:
     if MOONCAKE_MISSING:
         pytest.skip(MOONCAKE_MISSING)
-    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
+    from kvcast.mooncake import MooncakeBackend
+    from poolnode.mooncake import MooncakeMaster
 
     master = MooncakeMaster().start()
     backend = MooncakeBackend(

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from poolnode.mooncake import MooncakeBackend, MooncakeMaster, find_master_binary
+from kvcast.mooncake import MooncakeBackend
+from poolnode.mooncake import MooncakeMaster, find_master_binary
 
 MOONCAKE_MISSING = (
     "mooncake-transfer-engine-non-cuda not installed"

@@ -15,13 +15,9 @@ from hostagent.fetch import FetchClient, RecomputeReason
 from kvcast import p4constants as c
 from kvcast.backend import PoolBackendError
 from kvcast.kvclass import KvClass
+from kvcast.mooncake import MooncakeBackend, MooncakeUnavailableError
 from poolnode import mooncake
-from poolnode.mooncake import (
-    MasterStartError,
-    MooncakeBackend,
-    MooncakeMaster,
-    MooncakeUnavailableError,
-)
+from poolnode.mooncake import MasterStartError, MooncakeMaster
 from poolnode.server import PoolServer
 from tests.poolnode.conftest import needs_mooncake
 
