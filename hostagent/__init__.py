@@ -8,7 +8,6 @@ Modules:
         leader or follower of a multicast stream).
     agent: ``python -m hostagent.agent fetch``: one fetch, one JSON line (for experiments).
     ports: ``AGENT_PORT``, importable without torch.
-    bench: loopback throughput of the fetch client against the pool-node server.
     vllm_connector: ``KvcastConnector``, a vLLM 0.32 KV connector (loads prefix KV through the
         fetch client, publishes computed blocks through the producer path).
     vllm_events: vLLM's KV cache events (ZMQ) into the controller's access records.
