@@ -63,8 +63,9 @@ Modules (split by role, as vLLM's own Mooncake store connector is):
     config: ``ConnectorConfig`` (``kv_connector_extra_config``), ``LoadOptions`` (a request's
         ``kv_transfer_params``), the pool client and report sink they name.
 
-The package may import vLLM, torch, ``kvcast`` and the host agent's own modules (and today
-``poolnode.backend``, the pool backend interface, until it moves to ``kvcast``). This module
+The package may import vLLM, torch, ``kvcast`` and the host agent's own modules; today it also
+imports ``poolnode.backend`` (the pool backend interface, until it moves to ``kvcast``) and, for
+the default ``pool_backend: "mooncake"``, ``poolnode.mooncake``. This module
 exports ``KvcastConnector`` so that ``kv_connector_module_path: hostagent.vllm_connector`` names
 the package.
 """
