@@ -5,7 +5,9 @@ module defines either
 
 * ``run(quick: bool = False) -> list[str]``: runs the suite, prints its result lines as they
   are measured and returns them (the module name is the suite name for ``--only``); or
-* ``BENCHMARKS``: a list of :class:`Benchmark` objects, for a module with several suites.
+* ``BENCHMARKS``: a list of :class:`Benchmark` objects, for a module with several suites; an
+  empty list marks a tool a suite runs (``loopback``: the fetch client against a loopback pool
+  server and the probe ``hostagent_fetch`` starts inside an emulated host).
 
 Result lines are parseable: ``bench <suite> key=value key=value ...`` (values without spaces),
 for example ``bench policies workload=conversation budget=512 policy=kvcast byte_hit=0.0707

@@ -7,7 +7,7 @@ Each line is a ratio of two things measured side by side in one run:
     end of port 1 is moved into a network namespace ("host", 10.0.0.1) and the host end of port 2
     into another ("peer", 10.0.1.1); both resolve the service VIP and each other to the switch
     MAC, and the switch routes both addresses (``ipv4_lpm``). A synthetic chunk is loaded into
-    switch SRAM (``P4RuntimeClient.load_chunk``). Then ``python -m hostagent.bench probe`` runs
+    switch SRAM (``P4RuntimeClient.load_chunk``). Then ``python -m benchmarks.loopback probe`` runs
     in the host namespace (``ip netns exec``) and alternates: one fetch of the chunk through the
     switch (one GET per fragment, every fragment an SRAM hit) and one plain-UDP transfer of the
     same bytes in datagrams of the same payload size (``FRAG_BYTES``), sent from a socket in the
@@ -62,12 +62,12 @@ Each line is a ratio of two things measured side by side in one run:
     ``python -m poolnode --gso`` does (the same datagrams on the wire).
 
 ``path=mac``
-    What end-to-end integrity costs (hostagent.integrity): a pool-node server in this process
+    What end-to-end integrity costs (kvcast.integrity): a pool-node server in this process
     holds the chunk and its keyed MAC; fetches without the tenant key and with it (which also
     fetch the 32-byte MAC object and compute BLAKE2b over the chunk) alternate. ``ratio`` is
     the keyed fetch's goodput over the plain one's; ``blake2b_us`` the MAC computation alone.
 
-The loopback pool-server line of ``hostagent.bench`` (``bench fetch ...``) runs first. Lines
+The loopback pool-server line of ``benchmarks.loopback`` (``bench fetch ...``) runs first. Lines
 that cannot run here (not root, no Mooncake) say ``skipped=<reason>``.
 
 Classes:
@@ -90,7 +90,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -103,16 +102,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from benchmarks import bench_line
+from benchmarks import bench_line, loopback
 from benchmarks.udp_feed import KEY, SEED, TENANT  # the feed's chunk is the suite's
 from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
-from hostagent import bench as hostbench
 from kvcast import p4constants as c
-from kvcast import wire
+from kvcast import procs, wire
+from kvcast.kvp import frags_per_data
 from kvcast.native import describe as describe_data_path
 from kvcast.synthetic import synthetic_chunk
 from kvcast.tools.p4rt_client import Lpm
-from poolnode.server import frags_per_data
 
 SUITE = "hostagent_fetch"
 SWITCH_MAC, VIP = "02:00:00:00:00:fe", "10.0.100.1"
@@ -146,16 +144,6 @@ def _sh(*cmd: str) -> None:
         raise TargetUnavailableError(
             f"`{' '.join(cmd)}` failed: {exc.stderr.strip() or exc.returncode}"
         ) from exc
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class SwitchTestbed:
@@ -295,12 +283,12 @@ def _pool_node(cmd: list[str]) -> Iterator[tuple[int, int]]:
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield int(match.group(1)), proc.pid
     finally:
-        _stop(proc)
+        procs.stop(proc, 5.0)
 
 
 def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:
     cmd = tb.in_ns(
-        tb.host_ns, sys.executable, "-m", "hostagent.bench", "probe",
+        tb.host_ns, sys.executable, "-m", "benchmarks.loopback", "probe",
         "--service", VIP, "--trust-pool", PEER_IP, "--tenant", str(TENANT), "--key", f"{KEY:#x}",
         "--nbytes", str(nbytes), "--seed", str(SEED), "--rounds", str(rounds),
         "--udp-netns", tb.peer_ns, "--udp-src", PEER_IP, "--udp-dst", HOST_IP,
@@ -406,7 +394,8 @@ def measure_mooncake(
     import torch
 
     from hostagent.fetch import FetchClient
-    from poolnode.mooncake import MooncakeBackend, MooncakeMaster
+    from kvcast.mooncake import MooncakeBackend
+    from poolnode.mooncake import MooncakeMaster
 
     data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
     with MooncakeMaster() as master:
@@ -562,8 +551,8 @@ def measure_mac(nbytes: int, rounds: int) -> dict[str, float]:
     import torch
 
     from hostagent.fetch import FetchClient
-    from hostagent.integrity import chunk_mac, mac_key_of
-    from poolnode.backend import InMemoryBackend
+    from kvcast.backend import InMemoryBackend
+    from kvcast.integrity import chunk_mac, mac_key_of
     from poolnode.server import PoolServer
 
     secret = bytes(range(32))
@@ -732,8 +721,8 @@ def measure_send(nbytes: int, mtu: int, rounds: int, gso: bool = False) -> dict[
     Raises:
         RuntimeError: kvcast._native is not built.
     """
+    from kvcast.backend import InMemoryBackend
     from kvcast.native import enabled, native
-    from poolnode.backend import InMemoryBackend
     from poolnode.server import GSO_DATAS, MAX_GET_FRAGMENTS, DataAnswer, KvpGetHandler
 
     if native is None:
@@ -817,7 +806,7 @@ def run(quick: bool = False) -> list[str]:
     Returns:
         The printed lines.
     """
-    lines = list(hostbench.run(quick, repeat=20))
+    lines = list(loopback.run(quick, repeat=20))
     nbytes = CHUNK_BYTES
     rounds = 5 if quick else 15
 

@@ -76,10 +76,10 @@ from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
 from kvcast import p4constants as c
+from kvcast.kvp import frags_per_data
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import P4RuntimeClientError
 from poolnode.mooncake import find_master_binary
-from poolnode.server import frags_per_data
 
 TENANT = 7
 SEED = 20261122

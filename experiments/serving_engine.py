@@ -8,8 +8,8 @@ then answers one JSON line per command read from standard input:
 
 ``{"cmd": "run", "prompt": [ids], "kvcast": {...}, "max_tokens": n, "start_at": t}``
     waits until wall-clock ``t``, submits the request (``kvcast`` goes to the connector as the
-    request's ``kv_transfer_params``, ``hostagent.vllm_connector.LoadOptions``), steps the engine
-    until it ends and answers the time to first token (from submission to the first output
+    request's ``kv_transfer_params``, ``hostagent.vllm_connector.config.LoadOptions``), steps the
+    engine until it ends and answers the time to first token (from submission to the first output
     token), the greedy output tokens and the first token's log-probability, the prompt tokens
     the engine found cached (its own prefix cache plus what the connector loaded), and what the
     connector loaded for it (``worker_stats`` before and after).
@@ -84,8 +84,8 @@ def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: in
 
     Args:
         model: a model directory (``config.json`` and weights; no tokenizer needed).
-        connector: ``kv_connector_extra_config`` (``hostagent.vllm_connector.ConnectorConfig``);
-            None: no connector.
+        connector: ``kv_connector_extra_config``
+            (``hostagent.vllm_connector.config.ConnectorConfig``); None: no connector.
         max_model_len: longest prompt plus output.
 
     Returns:
@@ -118,10 +118,10 @@ def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: in
 
 
 def _connector_worker() -> Any:
-    """The process's worker-side kvcast connector (the engine runs in-process)."""
-    from hostagent import vllm_connector
+    """The process's kvcast worker side (the engine runs in-process)."""
+    from hostagent.vllm_connector.worker import worker_sides
 
-    workers = list(vllm_connector._WORKERS)
+    workers = worker_sides()
     return workers[0] if workers else None
 
 
@@ -129,7 +129,7 @@ def _run(llm: Any, cmd: dict[str, Any], seq: int) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from hostagent.vllm_connector import worker_stats
+    from hostagent.vllm_connector.worker import worker_stats
 
     extra = {"kv_transfer_params": {"kvcast": cmd["kvcast"]}} if cmd.get("kvcast") else None
     params = SamplingParams(

@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.reports import AccessReport, ReportClient
 from experiments.output import pyplot, write_csv
 from kvcast import p4constants as c
-from poolnode.server import DEFAULT_MTU
+from kvcast.kvp import DEFAULT_MTU
 
 if TYPE_CHECKING:
     from emulation.network import Cluster

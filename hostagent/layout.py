@@ -51,9 +51,7 @@ from typing import Any, Literal
 import torch
 
 from kvcast import p4constants as c
-
-MAX_FRAGMENTS = 0xFFFF
-"""``frag_idx`` and ``frag_count`` are 16-bit KVP fields (docs/protocol.md)."""
+from kvcast.kvp import MAX_FRAGMENTS, frag_count
 
 PagedLayout = Literal["flash_attn", "flashinfer", "bhnc"]
 
@@ -177,7 +175,7 @@ class KVLayout:
     @property
     def frag_count(self) -> int:
         """Fragments of ``FRAG_BYTES`` per chunk; the last one may be shorter."""
-        return -(-self.chunk_bytes // c.FRAG_BYTES)
+        return frag_count(self.chunk_bytes)
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -326,16 +324,8 @@ def scatter_to_paged(
     Raises:
         LayoutError: the tensors do not match the layout.
     """
-    _check_paged(layout, kv_caches, paged)
-    src = layout.view(chunk)
-    d = layout.head_dim
-    for layer, kv in enumerate(kv_caches):
-        if paged == "bhnc":  # [H, B, K|V] <- [2, B, H, D] per layer
-            slot = kv[block_id]
-            slot[..., :d].copy_(src[layer, 0].transpose(0, 1), non_blocking=non_blocking)
-            slot[..., d:].copy_(src[layer, 1].transpose(0, 1), non_blocking=non_blocking)
-        else:
-            _block_slot(kv, block_id, paged).copy_(src[layer], non_blocking=non_blocking)
+    for part, slot in _paged_pairs(layout, chunk, kv_caches, block_id, paged):
+        slot.copy_(part, non_blocking=non_blocking)
 
 
 def gather_from_paged(
@@ -357,16 +347,34 @@ def gather_from_paged(
     Raises:
         LayoutError: the tensors do not match the layout.
     """
+    for part, slot in _paged_pairs(layout, chunk, kv_caches, block_id, paged):
+        part.copy_(slot)
+
+
+def _paged_pairs(
+    layout: KVLayout,
+    chunk: torch.Tensor,
+    kv_caches: Sequence[torch.Tensor],
+    block_id: int,
+    paged: PagedLayout,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(part of the chunk, the same KV in block block_id)`` views, both ways of a copy.
+
+    Raises:
+        LayoutError: the tensors do not match the layout.
+    """
     _check_paged(layout, kv_caches, paged)
-    dst = layout.view(chunk)
+    view = layout.view(chunk)
     d = layout.head_dim
+    pairs = []
     for layer, kv in enumerate(kv_caches):
-        if paged == "bhnc":
+        if paged == "bhnc":  # [H, B, K|V] <-> [2, B, H, D] per layer
             slot = kv[block_id]
-            dst[layer, 0].copy_(slot[..., :d].transpose(0, 1))
-            dst[layer, 1].copy_(slot[..., d:].transpose(0, 1))
+            pairs.append((view[layer, 0].transpose(0, 1), slot[..., :d]))
+            pairs.append((view[layer, 1].transpose(0, 1), slot[..., d:]))
         else:
-            dst[layer].copy_(_block_slot(kv, block_id, paged))
+            pairs.append((view[layer], _block_slot(kv, block_id, paged)))
+    return pairs
 
 
 def _check_kv(layout: KVLayout, name: str, tensors: Sequence[torch.Tensor], min_len: int) -> None:

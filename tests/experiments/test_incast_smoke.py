@@ -15,7 +15,7 @@ import pytest
 from emulation.switches import RefSwitch
 from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
 from kvcast import p4constants as c
-from poolnode.server import frags_per_data
+from kvcast.kvp import frags_per_data
 from tests.mininet_env import MININET_MISSING
 from tests.poolnode.conftest import MOONCAKE_MISSING
 

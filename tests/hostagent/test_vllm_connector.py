@@ -47,15 +47,14 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from hostagent.chunkkeys import ChunkKeyer, wire_key  # noqa: E402
-from hostagent.reports import InMemorySink  # noqa: E402
-from hostagent.vllm_connector import (  # noqa: E402
-    ConnectorConfigError,
-    KvcastConnector,
-    KvcastConnectorMetadata,
-)
+from hostagent.vllm_connector import KvcastConnector  # noqa: E402
+from hostagent.vllm_connector.config import ConnectorConfigError  # noqa: E402
+from hostagent.vllm_connector.data import KvcastConnectorMetadata  # noqa: E402
+from hostagent.vllm_connector.worker import KvcastWorker  # noqa: E402
 from kvcast import p4constants as c  # noqa: E402
+from kvcast.backend import InMemoryBackend  # noqa: E402
+from kvcast.reports import InMemorySink  # noqa: E402
 from kvcast.wire import KvpHeader  # noqa: E402
-from poolnode.backend import InMemoryBackend  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
 from tests.hostagent.fakes import FakeServer, Gate, pool, silent  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
@@ -175,6 +174,11 @@ class Engine:
         self.worker.register_kv_caches(self.caches)
 
     @property
+    def kv(self) -> KvcastWorker:
+        """The worker connector's worker side: its loads, saves and counters."""
+        return self.worker.worker_side
+
+    @property
     def connector(self) -> KvcastConnector:
         connector = self.scheduler.connector
         assert isinstance(connector, KvcastConnector)
@@ -203,7 +207,7 @@ class Engine:
         for name in self.caches:
             self.worker.wait_for_layer_load(name)
         self.worker.wait_for_save()
-        assert self.worker.flush_saves(10.0)  # publishes run off the step: the tests wait
+        assert self.kv.flush_saves(10.0)  # publishes run off the step: the tests wait
         errors = self.worker.get_block_ids_with_load_errors()
         self.worker.clear_connector_metadata()
         return errors
@@ -254,7 +258,7 @@ def switch(pool_server: PoolServer) -> Iterator[RefSwitchBridge]:
 def engine_on_switch(model_dir: Path, bridge: RefSwitchBridge, **extra: Any) -> Engine:
     host, port = bridge.vip
     eng = Engine(model_dir, {"service": f"{host}:{port}", **extra})
-    bridge.register(eng.worker.fetch_client().address)
+    bridge.register(eng.kv.fetch_client().address)
     return eng
 
 
@@ -388,7 +392,7 @@ def test_loaded_blocks_hold_the_producers_bytes(
     assert consumer.run_worker(out) == set()
     for mine, theirs in zip(consumer.blocks("c")[:4], producer.blocks(pid)[:4], strict=True):
         assert consumer.block_bytes(mine) == producer.block_bytes(theirs)
-    reports = consumer.worker.last_reports
+    reports = consumer.kv.last_reports
     assert [r.key for r in reports] == keys and all(r.ok for r in reports)
     accesses = [e for e in CURRENT["sink"].entries if e.host == "consumer"]
     assert [(e.key, e.position) for e in accesses] == [(k, i) for i, k in enumerate(keys)]
@@ -408,7 +412,7 @@ def test_a_chunk_in_switch_sram_is_served_by_the_switch(
     consumer.add("c", PROMPT)
     out = consumer.scheduler.schedule()
     assert consumer.run_worker(out) == set()
-    first = consumer.worker.last_reports[0]
+    first = consumer.kv.last_reports[0]
     assert first.frags_hit == first.frag_count and first.frags_pool == 0
     assert consumer.block_bytes(consumer.blocks("c")[0]) == producer.block_bytes(
         producer.blocks(pid)[0]
@@ -458,7 +462,7 @@ def test_a_corrupted_fragment_makes_its_block_and_the_later_ones_recompute(
         errors = consumer.run_worker(out)
     assert responder.corrupted >= 1
     assert errors == set(blocks[1:4])  # block 1 failed its CRC; 2 and 3 depend on it
-    reports = consumer.worker.last_reports
+    reports = consumer.kv.last_reports
     assert [r.ok for r in reports[:2]] == [True, False] and reports[1].crc_failures >= 1
     if in_flight == 1:
         assert len(reports) == 2  # blocks 2 and 3 only the failed request needed: not fetched
@@ -508,9 +512,9 @@ def test_two_requests_sharing_a_prefix_in_one_step_fetch_it_once(
         time.sleep(0.05)
     assert finished == {"a", "b"}
     assert consumer.worker.get_block_ids_with_load_errors() == set()
-    assert len(consumer.worker.last_reports) == 4  # four fetches for seven blocks
+    assert len(consumer.kv.last_reports) == 4  # four fetches for seven blocks
     gets = pool_server.stats.gets - gets_before
-    frags = sum(r.frag_count for r in consumer.worker.last_reports)
+    frags = sum(r.frag_count for r in consumer.kv.last_reports)
     assert 0 < gets <= frags  # what four chunks take, not seven
     for i in range(3):
         want = producer.block_bytes(producer.blocks(pid)[i])
@@ -559,7 +563,7 @@ def test_a_steps_chunks_are_fetched_together(model_dir: Path, switch: RefSwitchB
     assert len(gate.keys) == 4  # GETs of all four chunks were out before any answer
     for mine, theirs in zip(consumer.blocks("c")[:4], producer.blocks(pid)[:4], strict=True):
         assert consumer.block_bytes(mine) == producer.block_bytes(theirs)
-    assert all(r.ok for r in consumer.worker.last_reports)
+    assert all(r.ok for r in consumer.kv.last_reports)
     producer.close()
     consumer.close()
 
@@ -589,7 +593,7 @@ def test_a_failed_request_does_not_stop_another_requests_chunks(
     assert errors == set(a[:4])  # block 0 of "a" failed its CRC: all of "a" recomputes
     # After a0 fails, a chunk only "a" needs is fetched only if it was in flight with a0; the
     # chunks of "b" not yet started are started after it, and all of "b" is loaded.
-    fetched = [r.key for r in consumer.worker.last_reports]
+    fetched = [r.key for r in consumer.kv.last_reports]
     if in_flight == 4:
         assert fetched == [ka[0], kb[0], ka[1], kb[1], kb[2], kb[3]]
     else:
@@ -626,7 +630,7 @@ def test_a_load_that_outlasts_recomputing_its_tokens_is_cut_and_recomputed(
         took = time.monotonic() - t0
     assert errors == set(consumer.blocks("c")[:4])  # every block recomputed
     # The first chunk was cut at the budget; the three after it were never started.
-    assert consumer.worker.stats["chunks_over_budget"] == 3
-    assert consumer.worker.stats["chunks_failed"] == 1
+    assert consumer.kv.stats["chunks_over_budget"] == 3
+    assert consumer.kv.stats["chunks_failed"] == 1
     assert took < 10.0  # a bound on a hang (the fetch client alone would retry for 30 s)
     consumer.close()

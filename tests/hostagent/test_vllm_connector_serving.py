@@ -22,13 +22,10 @@ from vllm.utils.hashing import sha256_cbor  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
-from hostagent import vllm_connector  # noqa: E402
-from hostagent.vllm_connector import (  # noqa: E402
-    ConnectorConfigError,
-    KvcastConnectorStats,
-    LoadOptions,
-)
-from poolnode.backend import InMemoryBackend  # noqa: E402
+from hostagent.vllm_connector.config import ConnectorConfigError, LoadOptions  # noqa: E402
+from hostagent.vllm_connector.metrics import KvcastConnectorStats  # noqa: E402
+from hostagent.vllm_connector.worker import worker_stats  # noqa: E402
+from kvcast.backend import InMemoryBackend  # noqa: E402
 from poolnode.groups import StaticGroups  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
@@ -211,7 +208,7 @@ def test_a_follower_engine_takes_the_leaders_multicast_stream(
     leader = engine_on_switch(model_dir, switch, host="leader")
     follower = engine_on_switch(model_dir, switch, host="follower")
     lead_port, follow_port = (
-        switch._hosts[e.worker.fetch_client().address[1]] for e in (leader, follower)
+        switch._hosts[e.kv.fetch_client().address[1]] for e in (leader, follower)
     )
     switch.add_group(21, [lead_port, follow_port])
     add(leader, "l", PROMPT, {"group": 21, "role": "leader", "save": False})
@@ -221,13 +218,13 @@ def test_a_follower_engine_takes_the_leaders_multicast_stream(
     # The leader fetches first; its replicas wait in the follower's socket until it follows.
     assert leader.run_worker(lead_out) == set()
     assert follower.run_worker(follow_out) == set()
-    reports = follower.worker.last_reports
+    reports = follower.kv.last_reports
     assert len(reports) == 4 and all(r.ok for r in reports)
     assert sum(r.frags_stream for r in reports) == sum(r.frag_count for r in reports)
     assert sum(r.repairs for r in reports) == 0  # it sent no GET of its own
     for mine, theirs in zip(follower.blocks("f")[:4], producer.blocks(pid)[:4], strict=True):
         assert follower.block_bytes(mine) == producer.block_bytes(theirs)
-    assert follower.worker.fetch_client().group == 0  # the group was the request's only
+    assert follower.kv.fetch_client().group == 0  # the group was the request's only
     for e in (producer, leader, follower):
         e.close()
 
@@ -240,11 +237,11 @@ def test_a_follower_whose_leader_never_comes_repairs_by_itself(
     follower = engine_on_switch(
         model_dir, switch, host="follower", follow_first_wait_s=0.2, follow_stall_s=0.2
     )
-    port = switch._hosts[follower.worker.fetch_client().address[1]]
+    port = switch._hosts[follower.kv.fetch_client().address[1]]
     switch.add_group(22, [port])
     add(follower, "f", PROMPT, {"group": 22, "role": "follower", "save": False})
     assert follower.run_worker(follower.scheduler.schedule()) == set()
-    reports = follower.worker.last_reports
+    reports = follower.kv.last_reports
     assert all(r.ok and r.stalled for r in reports)
     assert sum(r.frags_stream for r in reports) == 0
     producer.close()
@@ -257,24 +254,24 @@ def test_the_connector_counts_what_it_loaded_for_vllms_metrics(
 ) -> None:
     producer, _ = produce(model_dir, switch, PROMPT)
     consumer = engine_on_switch(model_dir, switch, host="consumer")
-    before = vllm_connector.worker_stats()
+    before = worker_stats()
     add(consumer, "c", PROMPT, None)
     assert consumer.run_worker(consumer.scheduler.schedule()) == set()
     stats = consumer.worker.get_kv_connector_stats()
     assert isinstance(stats, KvcastConnectorStats)
-    chunk = consumer.worker.layout.chunk_bytes
+    chunk = consumer.kv.layout.chunk_bytes
     assert stats.data["chunks_loaded"] == 4 and stats.data["bytes_loaded"] == 4 * chunk
     assert stats.data["chunks_failed"] == 0 and stats.data["load_jobs"] == 1
     reduced = stats.reduce()
     assert reduced["load_gbps"] > 0
     assert consumer.worker.get_kv_connector_stats() is None  # nothing new since
-    after = vllm_connector.worker_stats()
+    after = worker_stats()
     assert after["chunks_loaded"] - before.get("chunks_loaded", 0) == 4
     merged = KvcastConnectorStats(data={"chunks_loaded": 1}).aggregate(stats)
     assert merged.data["chunks_loaded"] == 5
     assert type(consumer.worker).build_kv_connector_stats(stats.data).data == stats.data
     # the producer's saves are recorded in order: what the experiment loads into SRAM
-    assert [k for _, k in producer.worker.saved] == hashes(PROMPT)
+    assert [k for _, k in producer.kv.saved] == hashes(PROMPT)
     producer.close()
     consumer.close()
 
@@ -292,7 +289,7 @@ def test_a_dead_pool_turns_the_load_into_recompute_and_the_engine_goes_on(
     pool_server.stop()  # then it died, before the worker fetched
     failed = consumer.run_worker(out)
     assert failed == set(consumer.blocks("c")[:4])  # all four blocks go back to be computed
-    reports = consumer.worker.last_reports
+    reports = consumer.kv.last_reports
     assert reports and all(not r.ok and r.reason.value == "no_answer" for r in reports)
     # The engine serves on: the next request's lookup still answers (the pool's existence
     # check is what the scheduler asks), and a request that loads nothing is unaffected.
@@ -325,11 +322,11 @@ def test_saves_run_off_the_step_and_land_once_flushed(model_dir: Path) -> None: 
     eng.worker.wait_for_save()  # returns while the pool still holds the put back
     eng.worker.clear_connector_metadata()
     keys = hashes(PROMPT)
-    assert [k for _, k in eng.worker.saved] == keys
+    assert [k for _, k in eng.kv.saved] == keys
     assert not any(backend.contains(TENANT, k) for k in keys)
-    assert not eng.worker.flush_saves(0.05)  # still queued
+    assert not eng.kv.flush_saves(0.05)  # still queued
     backend.release.set()
-    assert eng.worker.flush_saves(10.0)
+    assert eng.kv.flush_saves(10.0)
     assert all(backend.contains(TENANT, k) for k in keys)
     eng.close()
 

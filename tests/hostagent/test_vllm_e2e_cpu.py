@@ -74,7 +74,7 @@ def forward_a(eng: Engine, model: Any, req_id: str) -> tuple[list[torch.Tensor],
         cache = model(torch.tensor([PROMPT]), use_cache=True).past_key_values
     keys = [layer_kv(cache, i)[0] for i in range(LAYERS)]
     values = [layer_kv(cache, i)[1] for i in range(LAYERS)]
-    layout = eng.worker.layout
+    layout = eng.kv.layout
     caches = list(eng.caches.values())
     for b, block_id in enumerate(eng.blocks(req_id)[: len(PROMPT) // BS]):
         scatter(layout, block_from_kv(layout, keys, values, b), caches, block_id, "bhnc")
@@ -101,7 +101,7 @@ def test_engine_b_decodes_from_the_prefix_engine_a_published(
     assert out_b.num_scheduled_tokens["b"] == len(PROMPT) - full
     assert b.run_worker(out_b) == set()
     # Engine B's forward pass: the loaded blocks read back from its paged cache, then the rest.
-    layout = b.worker.layout
+    layout = b.kv.layout
     chunks = []
     for block_id in b.blocks("b")[: full // BS]:
         chunk = layout.alloc_chunk(pin=False)

@@ -1,14 +1,17 @@
 """Host-side fetch benchmarks: the loopback pool server, and a probe run inside an emulated host.
 
-Two measurements live here, both of the fetch client writing chunks into a tensor:
+Two measurements live here, both of the fetch client writing chunks into a tensor. Neither is a
+suite of its own: ``benchmarks.hostagent_fetch`` runs the loopback lines first and starts the
+probe in its emulated host (so ``BENCHMARKS`` is empty and ``python -m benchmarks`` does not run
+them twice).
 
-``python -m hostagent.bench [--quick] [--repeat N]``
+``python -m benchmarks.loopback [--quick] [--repeat N]``
     Loopback: the pool server runs in its own process (so client and server do not share one
     interpreter lock), in each of its two transports, the blocking socket loop (``PoolServer``)
     and the asyncio endpoint (``serve_asyncio``); the client fetches one chunk repeatedly into
     the same tensor. One line ``bench fetch server=... MBps=...`` per configuration.
 
-``python -m hostagent.bench probe ...``
+``python -m benchmarks.loopback probe ...``
     Run inside a host's network namespace by ``benchmarks.hostagent_fetch`` (which builds the
     veth pairs, the namespaces and the switch): alternately fetches one chunk through the
     switch (``FetchClient``) and moves the same bytes as plain UDP datagrams of the same
@@ -56,13 +59,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import Benchmark
 from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
+from kvcast.backend import InMemoryBackend
 from kvcast.synthetic import parse_key, synthetic_chunk
-from poolnode.backend import InMemoryBackend
 from poolnode.server import PoolServer, serve_asyncio
 
+BENCHMARKS: list[Benchmark] = []  # run by the hostagent_fetch suite, not as a suite of its own
 TENANT, KEY = 1, 0xBE7C4
 NETNS_DIR = Path("/var/run/netns")
 _CLONE_NEWNET = 0x40000000
@@ -480,8 +485,8 @@ def run(quick: bool = False, repeat: int = 20) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m hostagent.bench`` parser: loopback by default, ``probe`` subcommand."""
-    parser = argparse.ArgumentParser(prog="python -m hostagent.bench")
+    """The ``python -m benchmarks.loopback`` parser: loopback by default, ``probe`` subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loopback")
     parser.add_argument("--repeat", type=int, default=20, help="loopback fetches per line")
     parser.add_argument("--quick", action="store_true", help="one small loopback configuration")
     sub = parser.add_subparsers(dest="command")

@@ -1,4 +1,4 @@
-"""hostagent.bench: the loopback benchmark, the plain-UDP baseline and the probe's failure paths."""
+"""benchmarks.loopback: loopback lines, the plain-UDP baseline and the probe's failure paths."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hostagent import bench
+from benchmarks import loopback as bench
 from kvcast import p4constants as c
 
 DATA = bytes(range(256)) * 40 + b"tail"  # 10 244 bytes: 40 full pieces and a short one

@@ -8,9 +8,8 @@ import subprocess
 import pytest
 
 from benchmarks import hostagent_fetch as suite
-from benchmarks import parse_line
+from benchmarks import loopback, parse_line
 from emulation.targets import P4INFO_PATH, TargetUnavailableError
-from hostagent import bench as hostbench
 from kvcast.mooncake import MooncakeUnavailableError
 from kvcast.native import native
 
@@ -31,7 +30,7 @@ def test_unavailable_targets_give_skipped_lines(monkeypatch: pytest.MonkeyPatch)
     def no_mooncake(*_args: object, **_kw: object) -> dict[str, float]:
         raise MooncakeUnavailableError("mooncake_master not found")
 
-    monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
+    monkeypatch.setattr(loopback, "run", lambda quick, repeat: [])
     monkeypatch.setattr(suite, "measure_refswitch", no_switch)
     monkeypatch.setattr(suite, "measure_mooncake", no_mooncake)
     monkeypatch.setattr(suite, "bmv2_binary", lambda: None)
@@ -68,7 +67,7 @@ def test_mooncake_ratio_is_to_the_through_switch_fetch_when_measured(
         "fetch_switch_us": 1.0, "udp_switch_us": 1.0, "fetch_pool_us": 0.0, "frags_hit": 768,
         "frags_pool": 0, "retries": 0, "udp_resent": 0,
     }  # fmt: skip
-    monkeypatch.setattr(hostbench, "run", lambda quick, repeat: [])
+    monkeypatch.setattr(loopback, "run", lambda quick, repeat: [])
     monkeypatch.setattr(suite, "bmv2_binary", lambda: "/usr/bin/simple_switch_grpc")
     monkeypatch.setattr(
         suite,

@@ -1,0 +1,1 @@
+"""Tests of the benchmark suites and tools (``benchmarks``)."""
