@@ -56,19 +56,18 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.policies import make_policy
-from controlplane.policies.evaluate import opt_result, replay
-from controlplane.policies.workloads import (
-    SYNTHETIC_TRACE,
+from experiments.output import write_csv
+from experiments.policies.evaluate import opt_result, replay
+from experiments.policies.workloads import (
     Workload,
     agentic_fanout_workload,
     chat_sessions_workload,
-    default_trace_path,
     load_mooncake_trace,
     multitenant_prompts_workload,
     zipf_prefix_workload,
 )
-from experiments.output import write_csv
 from experiments.sim.report import result_line
+from experiments.traces import SYNTHETIC_TRACE, default_trace_path
 
 __all__ = [
     "GRIDS",

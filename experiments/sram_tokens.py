@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.policies.workloads import SHIPPED_TRACE, SYNTHETIC_TRACE
 from experiments.sim.hardware import tofino1
 from experiments.sim.report import result_line
+from experiments.traces import SHIPPED_TRACE, SYNTHETIC_TRACE
 
 __all__ = [
     "MODELS",

@@ -51,7 +51,8 @@ from typing import Any
 from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
 from experiments.sim.hardware import MODELS
 from experiments.sim.report import add_common_args, describe, pyplot, result_line, write_csv
-from experiments.sim.workloads import burst_workload, make_workload, mix64
+from experiments.sim.workloads import burst_workload, make_workload
+from experiments.traces import mix64
 
 __all__ = ["SCENARIOS", "Scenario", "breakeven", "main", "run"]
 
