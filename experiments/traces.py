@@ -3,9 +3,9 @@
 A trace is a JSONL file, one request a line: ``timestamp`` (ms since the trace began),
 ``hash_ids`` (one id per 512-token prefix block, block 0 first; equal ids are the same KV
 bytes) and, in the shipped traces, ``input_length`` (prompt tokens). The policy evaluation
-(:mod:`experiments.policies.workloads`) and the cluster simulation
-(:mod:`experiments.sim.workloads`) each map the records to their own request type; both read
-them here.
+(:mod:`experiments.policies.workloads`), the cluster simulation
+(:mod:`experiments.sim.workloads`) and :mod:`experiments.sram_tokens` each map the records to
+their own request type; all read them here.
 
 Classes:
     TraceRecord: one parsed line (arrival time in seconds, prompt tokens, block ids).
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BLOCK_TOKENS",
     "SHIPPED_TRACE",
     "SYNTHETIC_TRACE",
     "TRACE_ENV",
@@ -35,6 +36,9 @@ __all__ = [
     "mix64",
     "read_trace",
 ]
+
+BLOCK_TOKENS = 512
+"""Tokens per block in the Mooncake traces (their README: one hash id per 512-token block)."""
 
 TRACE_ENV = "KVCAST_TRACE"
 """Environment variable that names another trace file in the same format."""
@@ -86,7 +90,7 @@ class TraceRecord:
 
     Attributes:
         time: arrival time in seconds.
-        tokens: prompt tokens (``input_length``), or None when not asked for.
+        tokens: prompt tokens (``input_length``), or None where the line has none.
         ids: prefix block ids, block 0 first.
     """
 
@@ -106,7 +110,7 @@ def read_trace(
     Args:
         path: the ``.jsonl`` file.
         limit: read only the first ``limit`` requests.
-        tokens: require and parse ``input_length`` (else ``TraceRecord.tokens`` is None).
+        tokens: require ``input_length`` on every line (else it is parsed where present).
 
     Returns:
         The records, in the file's order.
@@ -125,7 +129,7 @@ def read_trace(
             try:
                 obj = json.loads(line)
                 ts = float(obj["timestamp"]) / 1000.0
-                n = int(obj["input_length"]) if tokens else None
+                n = int(obj["input_length"]) if tokens or "input_length" in obj else None
                 ids = tuple(int(x) for x in obj["hash_ids"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise TraceFormatError(f"{path}:{lineno}: not a trace record ({exc})") from None

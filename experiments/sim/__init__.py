@@ -18,7 +18,8 @@ Modules:
         coalescing), per-host GPU prefill queues; :class:`SimResult` holds what one run measured.
     incast: the small-scale N-to-1 model of the emulation's modes a-d.
     validate: compare the small-scale model with the emulation's measured summary CSV.
-    report: CSV, result lines and plots shared by the experiments.
+    report: CSV, result lines and plots shared by the experiments, and their one ``main``
+        (:func:`~experiments.sim.report.main_for`).
     q1, q2, q3, q4: one experiment per research question (run through the thin entry modules
         ``experiments.q1_selection``, ``q2_tiers``, ``q3_eviction``, ``q4_breakeven``).
     replication: a hot prefix on k pool replicas vs switch multicast (``experiments.replication``).

@@ -38,7 +38,7 @@ from experiments.policies.workloads import (
     agentic_fanout_workload,
     zipf_prefix_workload,
 )
-from experiments.traces import default_trace_path, mix64, read_trace
+from experiments.traces import BLOCK_TOKENS, default_trace_path, mix64, read_trace
 
 __all__ = [
     "HOST_MAPPINGS",
@@ -52,9 +52,6 @@ __all__ = [
     "make_workload",
     "zipf_workload",
 ]
-
-BLOCK_TOKENS = 512
-"""Tokens per block in the Mooncake trace (its README: one hash id per 512-token block)."""
 
 HOST_MAPPINGS = ("random", "round-robin", "affinity")
 
