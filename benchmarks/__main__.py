@@ -33,7 +33,7 @@ from pathlib import Path
 
 import benchmarks
 from benchmarks import Benchmark, bench_line, parse_line
-from controlplane.policies.workloads import TRACE_ENV
+from experiments.traces import TRACE_ENV
 
 __all__ = ["discover", "format_tables", "main"]
 
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trace is not None:
         if not args.trace.is_file():
             parser.error(f"--trace {args.trace}: no such file")
-        # Every suite asks controlplane.policies.workloads.default_trace_path, which reads this.
+        # Every suite asks experiments.traces.default_trace_path, which reads this.
         os.environ[TRACE_ENV] = str(args.trace.resolve())
 
     suites, errors = discover()

@@ -3,7 +3,7 @@
 Replays each workload through every online policy at SRAM budgets of 128 to 4,096 equal-size
 blocks, next to Belady's optimum at the same budget, and prints for each (workload, budget,
 policy) the prefix byte hit ratio and its ratio to the optimum. The hit definition is the one
-of :mod:`controlplane.policies.evaluate`: a block is a hit when it is resident and every
+of :mod:`experiments.policies.evaluate`: a block is a hit when it is resident and every
 earlier block of its request was a hit.
 
 Workloads: the Mooncake conversation and synthetic traces (when found), a stationary Zipf
@@ -48,15 +48,14 @@ from controlplane.policies import (
     available_policies,
     make_policy,
 )
-from controlplane.policies.evaluate import opt_result, replay
-from controlplane.policies.workloads import (
-    SYNTHETIC_TRACE,
+from experiments.policies.evaluate import opt_result, replay
+from experiments.policies.workloads import (
     Workload,
     agentic_fanout_workload,
-    default_trace_path,
     load_mooncake_trace,
     zipf_prefix_workload,
 )
+from experiments.traces import SYNTHETIC_TRACE, default_trace_path
 
 __all__ = ["goal_budgets", "goal_rows", "run"]
 

@@ -20,7 +20,8 @@ import time
 from benchmarks import bench_line
 from experiments.sim.cluster import ClusterConfig, ClusterSim
 from experiments.sim.hardware import MODELS
-from experiments.sim.workloads import default_trace_path, load_trace
+from experiments.sim.workloads import load_trace
+from experiments.traces import default_trace_path
 
 __all__ = ["run"]
 

@@ -56,19 +56,18 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.policies import make_policy
-from controlplane.policies.evaluate import opt_result, replay
-from controlplane.policies.workloads import (
-    SYNTHETIC_TRACE,
+from experiments.output import write_csv
+from experiments.policies.evaluate import opt_result, replay
+from experiments.policies.workloads import (
     Workload,
     agentic_fanout_workload,
     chat_sessions_workload,
-    default_trace_path,
     load_mooncake_trace,
     multitenant_prompts_workload,
     zipf_prefix_workload,
 )
-from experiments.output import write_csv
 from experiments.sim.report import result_line
+from experiments.traces import SYNTHETIC_TRACE, default_trace_path
 
 __all__ = [
     "GRIDS",
@@ -340,6 +339,48 @@ def leave_one_out(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _budget(row: Mapping[str, Any]) -> str:
+    """A run's budget as the tables name it (its share of the blocks; older rows: blocks)."""
+    return str(row.get("budget", row["blocks"]))
+
+
+def _chosen(table: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a run used the parameters :func:`leave_one_out` chose without its family."""
+    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
+    return lambda r: bool(chosen.get((r["family"], r["policy"])) == r["params"])
+
+
+def _versus_best_anchor(
+    rows: Sequence[Mapping[str, Any]],
+    table: Sequence[Mapping[str, Any]],
+    policy: str,
+    anchors: Sequence[str],
+) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
+    """Per (family, budget): ``(policy's score, best anchor's score, its name)`` per workload.
+
+    Only the runs with the parameters chosen without the family count; a workload with no
+    anchor run is left out.
+    """
+    is_chosen = _chosen(table)
+    score: dict[tuple[str, str, str], float] = {}
+    fam_of: dict[str, str] = {}
+    for r in rows:
+        fam_of[r["workload"]] = r["family"]
+        if is_chosen(r):
+            score[r["workload"], _budget(r), r["policy"]] = float(r["score"])
+    groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+    for (workload, budget, name), value in score.items():
+        if name != policy:
+            continue
+        present = [a for a in anchors if (workload, budget, a) in score]
+        if not present:
+            continue
+        best_name = max(present, key=lambda a: score[workload, budget, a])
+        best = score[workload, budget, best_name]
+        groups.setdefault((fam_of[workload], budget), []).append((value, best, best_name))
+    return groups
+
+
 def against_anchors(
     rows: Sequence[Mapping[str, Any]],
     table: Sequence[Mapping[str, Any]],
@@ -365,22 +406,12 @@ def against_anchors(
         target cannot be met by construction) and ``target_met`` (``min_ratio >= TARGET``,
         the same test whether reachable or not).
     """
-    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
-    score: dict[tuple[str, str, int, str], float] = {}
-    for r in rows:
-        if chosen.get((r["family"], r["policy"])) == r["params"]:
-            score[r["workload"], str(r.get("budget", r["blocks"])), int(r["blocks"]),
-                  r["policy"]] = float(r["score"])  # fmt: skip
-    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    fam_of = {r["workload"]: r["family"] for r in rows}
-    for (workload, budget, blocks, name), value in score.items():
-        if name != policy:
-            continue
-        best = max((score.get((workload, budget, blocks, a), -1.0) for a in anchors), default=-1.0)
-        if best > 0:
-            groups.setdefault((fam_of[workload], budget), []).append((value, best))
+    groups = _versus_best_anchor(rows, table, policy, anchors)
     out = []
-    for (family, budget), pairs in sorted(groups.items()):
+    for (family, budget), cell in sorted(groups.items()):
+        pairs = [(v, b) for v, b, _ in cell if b > 0]
+        if not pairs:
+            continue
         ratios = [v / b for v, b in pairs]
         out.append(
             {
@@ -427,23 +458,7 @@ def targets(
         where the best anchor reaches :data:`CLOSE_BELOW` everywhere) and ``met_close``
         (None where it does not apply); ``met`` (both).
     """
-    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
-    score: dict[tuple[str, str, str], float] = {}
-    fam_of: dict[str, str] = {}
-    for r in rows:
-        fam_of[r["workload"]] = r["family"]
-        if chosen.get((r["family"], r["policy"])) == r["params"]:
-            score[r["workload"], str(r.get("budget", r["blocks"])), r["policy"]] = float(r["score"])
-    groups: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
-    for (workload, budget, name), value in score.items():
-        if name != policy:
-            continue
-        present = [a for a in anchors if (workload, budget, a) in score]
-        if not present:
-            continue
-        best_name = max(present, key=lambda a: score[workload, budget, a])
-        best = score[workload, budget, best_name]
-        groups.setdefault((fam_of[workload], budget), []).append((value, best, best_name))
+    groups = _versus_best_anchor(rows, table, policy, anchors)
     out = []
     for (family, budget), cell in sorted(groups.items()):
         ratio = min(v / b if b > 0 else math.inf for v, b, _ in cell)
@@ -484,12 +499,12 @@ def cell_table(
         with the parameters chosen without the family), ``opt`` (1.0) and ``opt_byte_hit``
         (the optimum's mean byte hit ratio, where the rows carry it).
     """
-    chosen = {(r["family"], r["policy"]): r["chosen"] for r in table}
+    is_chosen = _chosen(table)
     cells: dict[tuple[str, str], dict[str, list[float]]] = {}
     for r in rows:
-        key = (r["family"], str(r.get("budget", r["blocks"])))
+        key = (r["family"], _budget(r))
         cell = cells.setdefault(key, {})
-        if chosen.get((r["family"], r["policy"])) == r["params"]:
+        if is_chosen(r):
             cell.setdefault(r["policy"], []).append(float(r["score"]))
         if "opt_byte_hit" in r and r["policy"] == rows[0]["policy"]:
             if r["params"] == rows[0]["params"]:

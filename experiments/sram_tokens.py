@@ -34,16 +34,15 @@ Functions:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.policies.workloads import SHIPPED_TRACE, SYNTHETIC_TRACE
 from experiments.sim.hardware import tofino1
 from experiments.sim.report import result_line
+from experiments.traces import BLOCK_TOKENS, SHIPPED_TRACE, SYNTHETIC_TRACE, read_trace
 
 __all__ = [
     "MODELS",
@@ -57,9 +56,6 @@ __all__ = [
 
 PAGE_TOKENS = 16
 """Tokens per page of a paged KV cache (vLLM's default block size)."""
-
-TRACE_BLOCK_TOKENS = 512
-"""Tokens per hash block of the Mooncake traces."""
 
 
 @dataclass(frozen=True)
@@ -133,19 +129,17 @@ def tokens_that_fit(budget_bytes: int, m: ModelShape) -> tuple[int, int]:
 
 
 def _requests(path: Path, limit: int | None) -> list[tuple[int, int]]:
-    """(first hash id, prompt tokens) of each request of a Mooncake-format trace."""
-    out: list[tuple[int, int]] = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if limit is not None and len(out) >= limit:
-                break
-            if line.strip():
-                obj = json.loads(line)
-                ids = obj["hash_ids"]
-                if ids:
-                    length = int(obj.get("input_length", len(ids) * TRACE_BLOCK_TOKENS))
-                    out.append((int(ids[0]), length))
-    return out
+    """(first hash id, prompt tokens) of each request with blocks of a Mooncake-format trace.
+
+    In the file's order; ``limit`` counts requests with blocks. A line without
+    ``input_length`` counts whole blocks.
+    """
+    out = [
+        (r.ids[0], r.tokens if r.tokens is not None else len(r.ids) * BLOCK_TOKENS)
+        for r in read_trace(path)
+        if r.ids
+    ]
+    return out[:limit]
 
 
 def served_tokens(requests: Sequence[tuple[int, int]], tokens: int) -> dict[str, int]:
@@ -164,7 +158,7 @@ def served_tokens(requests: Sequence[tuple[int, int]], tokens: int) -> dict[str,
         ``lfu`` (the most frequent so far, first seen on ties) and ``lru`` (the previous
         request's), and ``prompt`` (all prompt tokens).
     """
-    t = min(tokens, TRACE_BLOCK_TOKENS)
+    t = min(tokens, BLOCK_TOKENS)
     worth: Counter[int] = Counter()
     for first, length in requests:
         worth[first] += min(t, length)
@@ -209,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sram_bytes=budget,
             tokens=tokens,
             pages16=pages,
-            blocks512=budget // (per_token * TRACE_BLOCK_TOKENS),
+            blocks512=budget // (per_token * BLOCK_TOKENS),
         )
         for trace, requests in loaded.items():
             served = served_tokens(requests, pages * PAGE_TOKENS)

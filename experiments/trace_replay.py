@@ -19,7 +19,7 @@ How the replay maps the trace:
   slice (as if each request's prefill had stored its blocks).
 * **Hosts.** The trace names none; each request goes to a host drawn uniformly at random
   (``--seed``), a load balancer that is not prefix-aware, as in the policy evaluation
-  (``controlplane.policies.workloads.load_mooncake_trace``).
+  (``experiments.policies.workloads.load_mooncake_trace``).
 * **What a host fetches.** A request's leading blocks that an earlier request of the slice
   already used are its reusable prefix: the host's agent fetches them (switch first, the pool
   behind it on a miss, the pool directly as the last resort), checking every fragment's CRC and
@@ -152,7 +152,7 @@ def plan_requests(
         TraceFormatError: a malformed trace line.
         OSError: the trace cannot be read.
     """
-    from controlplane.policies.workloads import load_mooncake_trace
+    from experiments.policies.workloads import load_mooncake_trace
 
     if max_requests < 1 or start < 0 or hosts < 1:
         raise ValueError(f"need max_requests >= 1, start >= 0, hosts >= 1; got {max_requests}, "
@@ -1514,7 +1514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["agent"]:
         return agent_main(argv[1:])
-    from controlplane.policies.workloads import default_trace_path
+    from experiments.traces import default_trace_path
 
     ap = argparse.ArgumentParser(
         prog="python -m experiments.trace_replay", description=__doc__.splitlines()[0]

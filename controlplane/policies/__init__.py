@@ -20,9 +20,14 @@ Importing this package registers every built-in policy:
 * ``belady`` (:class:`~controlplane.policies.belady.BeladyPolicy`): OFFLINE optimum for
   evaluation only (needs the future).
 
-The interface, events and decisions live in :mod:`controlplane.policies.base`; the
-trace-driven evaluation in :mod:`controlplane.policies.evaluate` and its workloads in
-:mod:`controlplane.policies.workloads`.
+The interface, events and decisions live in :mod:`controlplane.policies.base`.
+
+The package owns the policies the controller runs and nothing else: the trace-driven
+evaluation of policies (replay, offline optimum, workload generators) is a tool and lives in
+:mod:`experiments.policies`. It may import :mod:`kvcast` (the shared layer),
+:mod:`controlplane.errors` and numpy, never another component, the rest of the controller
+(the daemon imports the policies, not the reverse) nor ``experiments``; the optional C helper
+``_kvcast_native`` is built from ``_kvcast_native.c`` beside it.
 
 Typical use::
 

@@ -11,11 +11,11 @@ Ties between equal next uses evict the deeper block of a prefix chain first, so 
 never kept without its parent; with prefix-consistent traces (every access of block i follows
 an access of block i-1 in the same request) the cached set therefore stays prefix-closed and
 its hit count is also the optimum under the prefix hit definition of
-:mod:`controlplane.policies.evaluate`.
+:mod:`experiments.policies.evaluate`.
 
 For variable sizes the same rule (evict farthest-next-use first until the newcomer fits, admit
 only if every victim is needed later than the newcomer) is a feasible heuristic, not an
-optimum; the evaluation then normalizes by :func:`controlplane.policies.evaluate.
+optimum; the evaluation then normalizes by :func:`experiments.policies.evaluate.
 fractional_opt_bytes`, an upper bound (the byte-divisible relaxation).
 
 Classes:

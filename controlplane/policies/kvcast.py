@@ -75,7 +75,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from controlplane.policies.base import (
     NO_CHANGE,
@@ -90,6 +89,17 @@ from controlplane.policies.base import (
 )
 
 __all__ = ["KvcastPolicy", "native_record"]
+
+_NATIVE_STATE = (
+    "_clock_t",
+    "_clock_v",
+    "_half_life",
+    "_log_gap",
+    "_gap_samples",
+    "_cls_samples",
+    "_latest",
+)
+"""The scalar state the C loop reads and writes back, in the order of its ``state`` list."""
 
 _ext: ModuleType | None
 try:
@@ -717,28 +727,13 @@ class KvcastPolicy(CachePolicy):
             self._max_tracked,
             self._log_history,
         )
-        state = [
-            self._clock_t,
-            self._clock_v,
-            self._half_life,
-            self._log_gap,
-            self._gap_samples,
-            self._cls_samples,
-            self._latest,
-        ]
+        state = [getattr(self, name) for name in _NATIVE_STATE]
         return (self._meta, self._resident, self._prune, params, state)
 
     def _native_done(self, state: list[Any], pushed: list[int]) -> None:
         """Take the scalar state back from the C loop and push the resident keys it touched."""
-        (
-            self._clock_t,
-            self._clock_v,
-            self._half_life,
-            self._log_gap,
-            self._gap_samples,
-            self._cls_samples,
-            self._latest,
-        ) = state
+        for name, value in zip(_NATIVE_STATE, state, strict=True):
+            setattr(self, name, value)
         if pushed:
             # One live heap entry per resident key, in the order of their last access: the
             # heap the Python path leaves (its earlier entries for the same keys are stale).
@@ -779,34 +774,21 @@ class KvcastPolicy(CachePolicy):
             i = stop + 1
         return n
 
-    def record_arrays(
-        self,
-        keys: npt.ArrayLike,
-        tenants: npt.ArrayLike,
-        sizes: npt.ArrayLike,
-        hosts: npt.ArrayLike,
-        times: npt.ArrayLike,
-        parents: npt.ArrayLike | None = None,
-        has_parent: npt.ArrayLike | None = None,
-        positions: npt.ArrayLike | None = None,
-    ) -> int:
-        """Batch mode over column arrays (see :meth:`CachePolicy.record_arrays`), in C when built.
+    def _record_columns(self, cols: AccessColumns) -> int:
+        """Batch mode over checked columns (see :meth:`CachePolicy.record_arrays`), in C when built.
+
+        Args:
+            cols: the columns.
 
         Returns:
             How many accesses were recorded.
 
         Raises:
-            InvalidAccessError: columns of different lengths, or a size <= 0 (the accesses
-                before it stay recorded).
+            InvalidAccessError: a size <= 0 (the accesses before it stay recorded).
         """
         ext = self._ext
         if ext is None:
-            return super().record_arrays(
-                keys, tenants, sizes, hosts, times, parents, has_parent, positions
-            )
-        cols = AccessColumns.build(
-            keys, tenants, sizes, hosts, times, parents, has_parent, positions
-        )
+            return super()._record_columns(cols)
         n = len(cols.keys)
         meta, resident, prune, params, state = self._native_args()
         pushed: list[int] = []

@@ -70,7 +70,8 @@ from experiments.sim.hardware import (
     WireFormat,
     tofino1,
 )
-from experiments.sim.workloads import SimRequest, SimWorkload, mix64
+from experiments.sim.workloads import SimRequest, SimWorkload
+from experiments.traces import mix64
 
 __all__ = [
     "FABRICS",

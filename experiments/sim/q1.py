@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from controlplane.policies import available_policies
 from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import add_common_args, describe, pyplot, result_line, write_csv
+from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import WORKLOADS, make_workload
 
 __all__ = ["main", "run"]
@@ -170,20 +169,11 @@ def _plot(rows: list[dict[str, Any]], path: Path, tofino_bytes: int) -> None:
         axes[1][col].set(ylabel="mean fetch time saved (%)")
         axes[0][col].legend(fontsize=7)
     fig.suptitle("Q1: SRAM selection policies vs multicast-only, in the cluster model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line for Q1.
-
-    Returns:
-        0.
-    """
-    ap = argparse.ArgumentParser(prog="python -m experiments.q1_selection", description=__doc__)
-    ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_common_args(ap, DEFAULT_OUT)
+def _add_args(ap: argparse.ArgumentParser) -> None:
+    """Q1's own options (beside ``--out``, ``--quick`` and ``--trace``)."""
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--policies", default="", help="comma-separated (default: every registered)")
     ap.add_argument("--budgets", default="4,16,64", help="SRAM budgets in MiB")
@@ -191,9 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, default=1024)
     ap.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
     ap.add_argument("--load", default="queue,instant", help="SRAM load models to run")
-    args = ap.parse_args(argv)
-    run(args)
-    return 0
+
+
+main = main_for("python -m experiments.q1_selection", __doc__, DEFAULT_OUT, _add_args, run)
 
 
 if __name__ == "__main__":

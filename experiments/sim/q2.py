@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from experiments.sim.cluster import TIER_RULES, TIERS, ClusterConfig, ClusterSim
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import add_common_args, describe, pyplot, result_line, write_csv
+from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import make_workload
 
 __all__ = ["main", "run"]
@@ -159,20 +158,11 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.legend(fontsize=8, loc="lower right")
         ax.tick_params(axis="y", labelsize=7)
     axes[0][1].set_yticklabels([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line for Q2.
-
-    Returns:
-        0.
-    """
-    ap = argparse.ArgumentParser(prog="python -m experiments.q2_tiers", description=__doc__)
-    ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_common_args(ap, DEFAULT_OUT)
+def _add_args(ap: argparse.ArgumentParser) -> None:
+    """Q2's own options (beside ``--out``, ``--quick`` and ``--trace``)."""
     ap.add_argument("--workloads", default="conversation,agentic")
     ap.add_argument("--mappings", default="random,affinity", help="trace host mappings")
     ap.add_argument("--hosts", default="64,1024", help="comma-separated cluster sizes")
@@ -180,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rules", default=",".join(TIER_RULES))
     ap.add_argument("--hbm-gib", type=float, default=16.0, help="HBM prefix cache per host")
     ap.add_argument("--dram-gib", default="32,256", help="DRAM prefix cache per host (GiB)")
-    args = ap.parse_args(argv)
-    run(args)
-    return 0
+
+
+main = main_for("python -m experiments.q2_tiers", __doc__, DEFAULT_OUT, _add_args, run)
 
 
 if __name__ == "__main__":

@@ -39,14 +39,13 @@ from __future__ import annotations
 import argparse
 import bisect
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from controlplane.policies import available_policies
 from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import add_common_args, describe, pyplot, result_line, write_csv
+from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import SimWorkload, make_workload
 
 __all__ = ["host_value_left", "main", "run", "value_left"]
@@ -260,20 +259,11 @@ def _plot(sram: list[dict[str, Any]], demote: list[dict[str, Any]], path: Path) 
         ax.legend(fontsize=8)
     axes[1].set(ylabel="GPU prefill seconds (all hosts)", title="demote vs drop: recompute")
     axes[2].set(ylabel="TiB written to the pool", title="demote vs drop: cost")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line for Q3.
-
-    Returns:
-        0.
-    """
-    ap = argparse.ArgumentParser(prog="python -m experiments.q3_eviction", description=__doc__)
-    ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_common_args(ap, DEFAULT_OUT)
+def _add_args(ap: argparse.ArgumentParser) -> None:
+    """Q3's own options (beside ``--out``, ``--quick`` and ``--trace``)."""
     ap.add_argument("--parts", default="sram,demote")
     ap.add_argument("--workloads", default="conversation,agentic")
     ap.add_argument("--model", default="small-kv4", choices=sorted(MODELS), help="SRAM part")
@@ -283,9 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hbm-gib", type=float, default=16.0, help="HBM cache (demote part)")
     ap.add_argument("--dram-gib", type=float, default=64.0, help="DRAM cache (demote part)")
     ap.add_argument("--pool-gib", default="64,256,inf", help="DRAM per pool node, inf = unbounded")
-    args = ap.parse_args(argv)
-    run(args)
-    return 0
+
+
+main = main_for("python -m experiments.q3_eviction", __doc__, DEFAULT_OUT, _add_args, run)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ from typing import Any
 
 from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import add_common_args, describe, pyplot, result_line, write_csv
-from experiments.sim.workloads import burst_workload, make_workload, mix64
+from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
+from experiments.sim.workloads import burst_workload, make_workload
+from experiments.traces import mix64
 
 __all__ = ["SCENARIOS", "Scenario", "breakeven", "main", "run"]
 
@@ -298,9 +299,7 @@ def _plot_burst(rows: list[dict[str, Any]], path: Path) -> None:
     for k in range(len(names), nrows * cols):
         axes[k // cols][k % cols].axis("off")
     fig.suptitle("Q4: when does the in-network pool pay? (dotted: 1.05)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _plot_trace(rows: list[dict[str, Any]], path: Path) -> None:
@@ -315,34 +314,30 @@ def _plot_trace(rows: list[dict[str, Any]], path: Path) -> None:
     for ax in axes:
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line for Q4.
-
-    Returns:
-        0.
-    """
-    ap = argparse.ArgumentParser(prog="python -m experiments.q4_breakeven", description=__doc__)
-    ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_common_args(ap, DEFAULT_OUT)
+def _add_args(ap: argparse.ArgumentParser) -> None:
+    """Q4's own options (beside ``--out``, ``--quick`` and ``--trace``)."""
     ap.add_argument("--parts", default="burst,trace")
     ap.add_argument("--ns", help="consumer counts (default 1,2,4,...,256; quick: 1,4,16)")
     ap.add_argument("--scenarios", help="comma-separated names (default: all; quick: two)")
     ap.add_argument("--models", default="llama3-8b,small-kv4", help="trace part")
     ap.add_argument("--speedups", help="trace part (default 1,100; quick: 1)")
-    args = ap.parse_args(argv)
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
+    """:func:`run` with the defaults that depend on ``--quick`` filled in."""
     if args.ns is None:
         args.ns = "1,4,16" if args.quick else "1,2,4,8,16,32,64,128,256"
     if args.scenarios is None:
         args.scenarios = "base,kv4-reuse8" if args.quick else ""
     if args.speedups is None:
         args.speedups = "1" if args.quick else "1,100"
-    run(args)
-    return 0
+    return run(args)
+
+
+main = main_for("python -m experiments.q4_breakeven", __doc__, DEFAULT_OUT, _add_args, _run_args)
 
 
 if __name__ == "__main__":

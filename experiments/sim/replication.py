@@ -46,7 +46,7 @@ from pathlib import Path
 from experiments.output import pyplot, write_csv
 from experiments.sim.flows import Flow, FlowNetwork
 from experiments.sim.hardware import MODELS, WireFormat, tofino1
-from experiments.sim.report import add_common_args, result_line
+from experiments.sim.report import main_for, result_line, save_figure
 
 __all__ = ["ReplicationPoint", "fetch_point", "main", "run"]
 
@@ -259,20 +259,11 @@ def _plot(
         f"Hot prefix ({prefix_bytes / 2**20:.0f} MiB) to N consumers: Mooncake-style "
         "replicas vs switch multicast (flow model)"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line.
-
-    Returns:
-        0.
-    """
-    ap = argparse.ArgumentParser(prog="python -m experiments.replication", description=__doc__)
-    ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_common_args(ap, DEFAULT_OUT)
+def _add_args(ap: argparse.ArgumentParser) -> None:
+    """The replication experiment's own options (beside ``--out``, ``--quick`` and ``--trace``)."""
     ap.add_argument("--ns", help="consumer counts (default 1,2,4,...,1024; quick: 1,4,16)")
     ap.add_argument("--gbps", default="100,400", help="NIC rates, hosts and pool nodes")
     ap.add_argument("--replicas", default="2,4,8", help="k of the replicas-k modes")
@@ -285,10 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
     ap.add_argument("--block-tokens", type=int, default=512)
     ap.add_argument("--blocks", type=int, default=4, help="blocks in the shared prefix")
-    args = ap.parse_args(argv)
+
+
+def _run_args(args: argparse.Namespace) -> list[ReplicationPoint]:
+    """:func:`run` on the parsed command line."""
     ns = args.ns or ("1,4,16" if args.quick else ",".join(str(2**i) for i in range(11)))
     prefix = args.blocks * MODELS[args.model].chunk_bytes(args.block_tokens)
-    run(
+    return run(
         [int(x) for x in ns.split(",")],
         [float(x) for x in args.gbps.split(",")],
         [int(x) for x in args.replicas.split(",")],
@@ -296,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out,
         [float(x) for x in args.spreads.split(",")],
     )
-    return 0
+
+
+main = main_for("python -m experiments.replication", __doc__, DEFAULT_OUT, _add_args, _run_args)
 
 
 if __name__ == "__main__":

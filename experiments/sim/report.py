@@ -3,28 +3,39 @@
 Result lines are parseable: ``result <experiment> key=value ...`` with values free of spaces
 (floats to 4 significant digits), like the benchmark lines of :mod:`benchmarks`.
 
+Classes:
+    ExperimentMain: the type of an experiment's ``main``.
+
 Functions:
     result_line: format (and print) one result line.
     parse_result: split a result line into its experiment and fields.
     write_csv, pyplot: re-exported from ``experiments.output``.
-    add_common_args: ``--out`` and ``--quick`` for every experiment's command line.
+    add_common_args: ``--out``, ``--quick`` and ``--trace`` for every experiment's command line.
+    main_for: the one ``main`` of the research questions and the replication
+        experiment: their own options beside the common ones, then their ``run``.
+    save_figure: lay out, write and close a figure (every plot of the model's experiments).
     describe: a one-line summary of a configuration for the log.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from experiments.output import pyplot, write_csv
 from experiments.sim.cluster import ClusterConfig
 
 __all__ = [
+    "ExperimentMain",
     "add_common_args",
     "describe",
     "parse_result",
     "pyplot",
     "result_line",
+    "main_for",
+    "save_figure",
     "write_csv",
 ]
 
@@ -93,6 +104,58 @@ def add_common_args(ap: argparse.ArgumentParser, default_out: Path) -> None:
         help="a Mooncake-format JSONL trace for the conversation workload "
         "(default: the one shipped in data/traces/, or $KVCAST_TRACE)",
     )
+
+
+class ExperimentMain(Protocol):
+    """An experiment's command line: parse ``argv`` (None: ``sys.argv[1:]``), run, return 0."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> int:
+        """Run the experiment on ``argv``; return its exit status."""
+        ...
+
+
+def main_for(
+    prog: str,
+    doc: str | None,
+    default_out: Path,
+    add_args: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], object],
+) -> ExperimentMain:
+    """The ``main`` of an experiment on the model: its own options beside the common ones.
+
+    Args:
+        prog: the program name in the usage line (``python -m experiments.<name>``).
+        doc: the description (the experiment module's docstring, shown as written).
+        default_out: default output directory (``--out``).
+        add_args: adds the experiment's own options to the parser.
+        run: runs the experiment on the parsed arguments (its return value is not used).
+
+    Returns:
+        ``main(argv=None) -> 0``: parses ``argv`` (None: ``sys.argv[1:]``) and runs.
+    """
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        ap = argparse.ArgumentParser(prog=prog, description=doc)
+        ap.formatter_class = argparse.RawDescriptionHelpFormatter
+        add_common_args(ap, default_out)
+        add_args(ap)
+        run(ap.parse_args(argv))
+        return 0
+
+    main.__doc__ = f"Command line of ``{prog}``; returns 0."
+    return main
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay a matplotlib figure out, write it at 110 dpi and close it.
+
+    Args:
+        fig: the figure (from :func:`pyplot`).
+        path: the image file.
+    """
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
 
 
 def describe(cfg: ClusterConfig) -> str:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.sim.incast import MODES, IncastParams, predict
-from experiments.sim.report import pyplot, result_line, write_csv
+from experiments.sim.report import pyplot, result_line, save_figure, write_csv
 
 __all__ = [
     "Comparison",
@@ -285,9 +285,7 @@ def _plot(comps: Sequence[Comparison], path: Path) -> None:
         )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,9 +15,9 @@ Classes:
     SimWorkload: a named, time-ordered request list with its block size in tokens.
 
 Functions:
-    mix64: splitmix64, the hash used for host affinity and pool ownership.
-    load_trace: the Mooncake JSONL trace with a host mapping and an optional speed-up.
-    from_policy_workload: a workload of :mod:`controlplane.policies.workloads` (Zipf, agentic)
+    load_trace: the Mooncake JSONL trace (read by :mod:`experiments.traces`, whose ``mix64`` is
+        the hash of the affinity mapping) with a host mapping and an optional speed-up.
+    from_policy_workload: a workload of :mod:`experiments.policies.workloads` (Zipf, agentic)
         as simulator requests.
     zipf_workload: Zipf document popularity behind shared system prompts, on the cluster's hosts.
     agentic_workload: agent tasks fanning out to parallel branches on distinct hosts.
@@ -27,51 +27,33 @@ Functions:
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.policies.workloads import (
-    TraceFormatError,
+from experiments.policies.workloads import (
     Workload,
     agentic_fanout_workload,
-    default_trace_path,
     zipf_prefix_workload,
 )
+from experiments.traces import BLOCK_TOKENS, default_trace_path, mix64, read_trace
 
 __all__ = [
     "HOST_MAPPINGS",
     "SimRequest",
     "SimWorkload",
-    "TraceFormatError",
     "agentic_workload",
     "burst_workload",
-    "default_trace_path",
     "from_policy_workload",
     "WORKLOADS",
     "load_trace",
     "make_workload",
-    "mix64",
     "zipf_workload",
 ]
 
-BLOCK_TOKENS = 512
-"""Tokens per block in the Mooncake trace (its README: one hash id per 512-token block)."""
-
 HOST_MAPPINGS = ("random", "round-robin", "affinity")
-
-_M64 = 0xFFFFFFFFFFFFFFFF
-
-
-def mix64(x: int) -> int:
-    """splitmix64 finalizer: a well-spread 64-bit hash of an integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +167,7 @@ def load_trace(
 
     Raises:
         FileNotFoundError: when no path is given and the trace is not found.
-        TraceFormatError: for a malformed line.
+        experiments.traces.TraceFormatError: for a malformed line.
         ValueError: for an unknown mapping.
     """
     if mapping not in HOST_MAPPINGS:
@@ -197,25 +179,10 @@ def load_trace(
                 "conversation trace not found: data/traces/ is missing and KVCAST_TRACE unset"
             )
     rng = random.Random(seed)
-    raw: list[tuple[float, int, tuple[int, ...]]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(raw) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                ts = float(obj["timestamp"]) / 1000.0
-                tokens = int(obj["input_length"])
-                ids = tuple(int(x) for x in obj["hash_ids"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise TraceFormatError(f"{path}:{lineno}: not a trace record ({exc})") from None
-            raw.append((ts, tokens, ids))
-    raw.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
+    raw = sorted(read_trace(path, limit=limit, tokens=True), key=lambda r: r.time)
     requests = tuple(
-        SimRequest(ts, _map_host(mapping, ids, i, hosts, rng), ids, tokens)
-        for i, (ts, tokens, ids) in enumerate(raw)
+        SimRequest(r.time, _map_host(mapping, r.ids, i, hosts, rng), r.ids, r.tokens or 0)
+        for i, r in enumerate(raw)
     )
     w = SimWorkload(
         "conversation",
@@ -246,7 +213,7 @@ def from_policy_workload(w: Workload, hosts: int, block_tokens: int = BLOCK_TOKE
 
 
 def zipf_workload(hosts: int, n_requests: int = 12000, seed: int = 1, **kw: Any) -> SimWorkload:
-    """:func:`controlplane.policies.workloads.zipf_prefix_workload` on ``hosts`` hosts.
+    """:func:`experiments.policies.workloads.zipf_prefix_workload` on ``hosts`` hosts.
 
     Args:
         hosts: cluster hosts (requests uniform over them).
@@ -262,7 +229,7 @@ def zipf_workload(hosts: int, n_requests: int = 12000, seed: int = 1, **kw: Any)
 
 
 def agentic_workload(hosts: int, n_tasks: int = 300, seed: int = 2, **kw: Any) -> SimWorkload:
-    """:func:`controlplane.policies.workloads.agentic_fanout_workload` on ``hosts`` hosts.
+    """:func:`experiments.policies.workloads.agentic_fanout_workload` on ``hosts`` hosts.
 
     Branches of one task run on distinct hosts and share the system prompt, the tool
     definitions and the task context (the multicast case).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.policies import AdaptivePolicy, PolicyConfigError, make_policy
-from controlplane.policies.evaluate import replay
-from controlplane.policies.workloads import Request, Workload, chat_sessions_workload
+from experiments.policies.evaluate import replay
+from experiments.policies.workloads import Request, Workload, chat_sessions_workload
 
 B = 10
 

@@ -16,9 +16,9 @@ from controlplane.policies import (
     SketchPolicy,
     make_policy,
 )
-from controlplane.policies.evaluate import replay
 from controlplane.policies.sketch import CountMinSketch
-from controlplane.policies.workloads import chat_sessions_workload
+from experiments.policies.evaluate import replay
+from experiments.policies.workloads import chat_sessions_workload
 
 B = 100
 

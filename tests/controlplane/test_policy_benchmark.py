@@ -9,7 +9,7 @@ import pytest
 from benchmarks import bench_line, parse_line
 from benchmarks.__main__ import discover, format_tables, main
 from benchmarks.policies import _rate_rows, goal_rows, policy_rows, target_rows
-from controlplane.policies.workloads import zipf_prefix_workload
+from experiments.policies.workloads import zipf_prefix_workload
 
 
 def test_bench_line_round_trips_through_parse_line() -> None:
@@ -97,7 +97,7 @@ def test_target_rows_say_where_the_target_is_out_of_reach() -> None:
 def test_trace_option_names_the_trace_every_suite_replays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from controlplane.policies.workloads import TRACE_ENV, default_trace_path
+    from experiments.traces import TRACE_ENV, default_trace_path
 
     # main() sets the variable for the suites; setenv records the state before the test, so
     # monkeypatch puts it back (unset) afterwards and no later test replays the test's trace.

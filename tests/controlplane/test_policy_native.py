@@ -22,9 +22,9 @@ from controlplane.policies import (
     available_policies,
     make_policy,
 )
-from controlplane.policies.evaluate import replay
 from controlplane.policies.kvcast import native_record
-from controlplane.policies.workloads import (
+from experiments.policies.evaluate import replay
+from experiments.policies.workloads import (
     Workload,
     agentic_fanout_workload,
     chat_sessions_workload,

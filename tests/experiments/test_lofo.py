@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policies.workloads import (
+from experiments import lofo
+from experiments.policies.workloads import (
     Request,
     chat_sessions_workload,
     multitenant_prompts_workload,
     zipf_prefix_workload,
 )
-from experiments import lofo
 
 
 def _row(family: str, params: str, score: float, policy: str = "p") -> dict[str, object]:

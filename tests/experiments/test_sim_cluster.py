@@ -11,8 +11,8 @@ from experiments.sim.workloads import (
     burst_workload,
     load_trace,
     make_workload,
-    mix64,
 )
+from experiments.traces import mix64
 
 needs_cpp = pytest.mark.skipif(shutil.which("cpp") is None, reason="cpp not installed")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policies.workloads import SHIPPED_TRACE
 from experiments.trace_replay import block_key, distinct_blocks, main, plan_requests
+from experiments.traces import SHIPPED_TRACE
 
 
 def write_trace(path: Path, requests: list[tuple[int, list[int]]]) -> Path:

@@ -9,11 +9,10 @@ Classes:
     Request: one request (arrival time, host, tenant, block keys).
     Workload: a named, immutable list of requests plus the block size, with the flattened
         per-block access stream that replays feed to policies.
-    TraceFormatError: a trace file line that cannot be parsed.
 
 Functions:
-    default_trace_path: the trace to replay: $KVCAST_TRACE, else the one shipped in data/.
-    load_mooncake_trace: read a Mooncake-format JSONL trace (timestamp ms, hash_ids).
+    load_mooncake_trace: a Mooncake-format JSONL trace (:mod:`experiments.traces`) as a
+        workload, hosts drawn uniformly.
     zipf_prefix_workload: documents behind shared system prompts, Zipf popularity, optional
         popularity churn, unique per-request suffixes.
     agentic_fanout_workload: agent tasks that fan out into parallel branches on distinct hosts
@@ -26,27 +25,21 @@ Functions:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.policies.base import Access, PolicyError
+from controlplane.policies.base import Access
+from experiments.traces import mix64, read_trace
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
-    "SHIPPED_TRACE",
-    "SYNTHETIC_TRACE",
     "Request",
-    "TraceFormatError",
     "Workload",
-    "TRACE_ENV",
     "agentic_fanout_workload",
     "chat_sessions_workload",
-    "default_trace_path",
     "load_mooncake_trace",
     "multitenant_prompts_workload",
     "zipf_prefix_workload",
@@ -54,33 +47,6 @@ __all__ = [
 
 DEFAULT_BLOCK_BYTES = 64 * 1024
 """Nominal bytes per block. With equal-size blocks every byte ratio is independent of it."""
-
-
-TRACE_ENV = "KVCAST_TRACE"
-"""Environment variable that names another trace file in the same format."""
-
-SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "conversation_trace.jsonl"
-"""The Mooncake conversation trace the repository ships (data/README.md says where it is from)."""
-
-SYNTHETIC_TRACE = SHIPPED_TRACE.with_name("synthetic_trace.jsonl")
-"""Mooncake's FAST'25 synthetic trace (public datasets, Poisson arrivals), shipped beside it."""
-
-
-def default_trace_path() -> Path | None:
-    """The trace the tools replay by default.
-
-    ``$KVCAST_TRACE`` when set, else the conversation trace shipped in ``data/traces/``.
-
-    Returns:
-        The path, or None when the file named is missing (a clone without its data).
-    """
-    env = os.environ.get(TRACE_ENV)
-    path = Path(env) if env else SHIPPED_TRACE
-    return path if path.is_file() else None
-
-
-class TraceFormatError(PolicyError, ValueError):
-    """A trace line is not a JSON object with ``timestamp`` and a list of ``hash_ids``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,42 +154,33 @@ def load_mooncake_trace(
         The workload (times in seconds, tenant 0).
 
     Raises:
-        TraceFormatError: for a malformed line (the message names the line).
+        experiments.traces.TraceFormatError: for a malformed line (the message names the
+            line).
         OSError: if the file cannot be read.
     """
     rng = random.Random(seed)
-    requests: list[Request] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(requests) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                ts = float(obj["timestamp"]) / 1000.0
-                ids = tuple(int(x) for x in obj["hash_ids"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise TraceFormatError(f"{path}:{lineno}: not a trace record ({exc})") from None
-            requests.append(Request(ts, rng.randrange(hosts), 0, ids))
+    requests = [
+        Request(r.time, rng.randrange(hosts), 0, r.ids) for r in read_trace(path, limit=limit)
+    ]
     requests.sort(key=lambda r: r.time)  # stable: equal timestamps keep file order
     if name is None:
         stem = Path(path).name.removesuffix(".jsonl")
         name = stem.removesuffix("_trace") or stem
-    return Workload(
-        name,
-        tuple(requests),
-        block_bytes,
-        f"{path} ({len(requests)} requests, hosts uniform over {hosts}, seed {seed})",
-    )
+    about = f"{path} ({len(requests)} requests, hosts uniform over {hosts}, seed {seed})"
+    return _in_time_order(name, requests, block_bytes, about)
 
 
-def _mix64(x: int) -> int:
-    """splitmix64 finalizer: spread sequential ids over the 64-bit key space."""
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
+def _in_time_order(
+    name: str, requests: list[Request], block_bytes: int, description: str
+) -> Workload:
+    """A workload of ``requests`` sorted by arrival time (stable: equal times keep their order)."""
+    requests.sort(key=lambda r: r.time)
+    return Workload(name, tuple(requests), block_bytes, description)
+
+
+def _sources(seed: int) -> tuple[random.Random, _Keys]:
+    """A generator's random numbers and its fresh keys, both from its seed."""
+    return random.Random(seed), _Keys(seed * 2 + 1)
 
 
 class _Keys:
@@ -235,7 +192,7 @@ class _Keys:
     def take(self, n: int) -> tuple[int, ...]:
         start = self._next
         self._next += n
-        return tuple(_mix64(start + i) for i in range(n))
+        return tuple(mix64(start + i) for i in range(n))
 
 
 def _geometric(rng: random.Random, mean: float) -> int:
@@ -317,8 +274,7 @@ def zipf_prefix_workload(
     Returns:
         The workload.
     """
-    rng = random.Random(seed)
-    keys = _Keys(seed * 2 + 1)
+    rng, keys = _sources(seed)
     systems = [keys.take(rng.randint(1, system_blocks_max)) for _ in range(n_system_prompts)]
     docs = [
         systems[rng.randrange(n_system_prompts)] + keys.take(_geometric(rng, doc_blocks_mean))
@@ -344,13 +300,11 @@ def zipf_prefix_workload(
         blocks = doc + keys.take(_geometric(rng, suffix_blocks_mean))
         requests.append(Request(t, rng.randrange(hosts), rng.randrange(tenants), blocks))
     churn = f", churn {churn_fraction:g}/{churn_period_s:g}s" if churn_period_s else ""
-    return Workload(
-        name,
-        tuple(requests),
-        block_bytes,
+    about = (
         f"Zipf({alpha:g}) over {n_documents} documents behind {n_system_prompts} system "
-        f"prompts, {n_requests} requests at {rate_per_s:g}/s{churn}, seed {seed}",
+        f"prompts, {n_requests} requests at {rate_per_s:g}/s{churn}, seed {seed}"
     )
+    return _in_time_order(name, requests, block_bytes, about)
 
 
 def agentic_fanout_workload(
@@ -406,8 +360,7 @@ def agentic_fanout_workload(
     Returns:
         The workload.
     """
-    rng = random.Random(seed)
-    keys = _Keys(seed * 2 + 1)
+    rng, keys = _sources(seed)
     systems = [keys.take(system_blocks) for _ in range(n_system_prompts)]
     # Keys are chained hashes: the same tool definitions behind two different system prompts
     # are two different blocks, so each (system prompt, toolset) pair gets its own keys.
@@ -436,14 +389,11 @@ def agentic_fanout_workload(
                 history += keys.take(rng.randint(1, step_blocks_max))
                 requests.append(Request(ts, host, 0, prefix + history))
                 ts += rng.expovariate(1.0 / step_gap_mean_s)
-    requests.sort(key=lambda r: r.time)
-    return Workload(
-        name,
-        tuple(requests),
-        block_bytes,
+    about = (
         f"{n_tasks} agent tasks at {task_rate_per_s:g}/s, fan-out {fanout_min}-{fanout_max} "
-        f"over {hosts} hosts, {steps_mean:g} steps/branch, seed {seed}",
+        f"over {hosts} hosts, {steps_mean:g} steps/branch, seed {seed}"
     )
+    return _in_time_order(name, requests, block_bytes, about)
 
 
 def multitenant_prompts_workload(
@@ -487,8 +437,7 @@ def multitenant_prompts_workload(
     Returns:
         The workload.
     """
-    rng = random.Random(seed)
-    keys = _Keys(seed * 2 + 1)
+    rng, keys = _sources(seed)
     prompts = [
         [keys.take(_geometric(rng, prompt_blocks_mean)) for _ in range(prompts_per_tenant)]
         for _ in range(n_tenants)
@@ -513,13 +462,11 @@ def multitenant_prompts_workload(
             blocks += examples[tenant, p, rng.randrange(2)]
         blocks += keys.take(_geometric(rng, question_blocks_mean))
         requests.append(Request(t, rng.randrange(hosts), tenant, blocks))
-    return Workload(
-        name,
-        tuple(requests),
-        block_bytes,
+    about = (
         f"{n_tenants} tenants (Zipf {tenant_alpha:g}) x {prompts_per_tenant} system prompts, "
-        f"{n_requests} requests at {rate_per_s:g}/s, seed {seed}",
+        f"{n_requests} requests at {rate_per_s:g}/s, seed {seed}"
     )
+    return _in_time_order(name, requests, block_bytes, about)
 
 
 def chat_sessions_workload(
@@ -567,8 +514,7 @@ def chat_sessions_workload(
     Returns:
         The workload.
     """
-    rng = random.Random(seed)
-    keys = _Keys(seed * 2 + 1)
+    rng, keys = _sources(seed)
     systems = [keys.take(system_blocks) for _ in range(n_system_prompts)]
     requests: list[Request] = []
     t = 0.0
@@ -584,11 +530,8 @@ def chat_sessions_workload(
             requests.append(Request(ts, host, 0, history))
             history += keys.take(rng.randint(1, reply_blocks_max))
             ts += rng.expovariate(1.0 / think_time_mean_s)
-    requests.sort(key=lambda r: r.time)
-    return Workload(
-        name,
-        tuple(requests),
-        block_bytes,
+    about = (
         f"{n_sessions} chat sessions at {session_rate_per_s:g}/s, {turns_mean:g} turns and "
-        f"{think_time_mean_s:g} s think time on average, seed {seed}",
+        f"{think_time_mean_s:g} s think time on average, seed {seed}"
     )
+    return _in_time_order(name, requests, block_bytes, about)

@@ -18,18 +18,15 @@ from controlplane.policies import (
     available_policies,
     make_policy,
 )
-from controlplane.policies.evaluate import evaluate, fractional_opt_bytes, opt_result, replay
-from controlplane.policies.workloads import (
-    SHIPPED_TRACE,
-    TRACE_ENV,
+from experiments.policies.evaluate import evaluate, fractional_opt_bytes, opt_result, replay
+from experiments.policies.workloads import (
     Request,
-    TraceFormatError,
     Workload,
     agentic_fanout_workload,
-    default_trace_path,
     load_mooncake_trace,
     zipf_prefix_workload,
 )
+from experiments.traces import SHIPPED_TRACE, TRACE_ENV, TraceFormatError, default_trace_path
 
 ONLINE = available_policies(include_offline=False)
 

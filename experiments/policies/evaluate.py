@@ -37,7 +37,7 @@ from typing import Any
 
 from controlplane.policies.base import NO_CHANGE, CachePolicy, EvictAction, make_policy
 from controlplane.policies.belady import NEVER, next_use_indices
-from controlplane.policies.workloads import Workload
+from experiments.policies.workloads import Workload
 
 __all__ = [
     "Comparison",
