@@ -23,7 +23,7 @@ Behaviour worth knowing (PI's unless said otherwise):
       with a google.rpc.Status holding one p4.v1.Error per update (OK for the ones applied).
     * The device config (p4_device_config) is empty, the program being built in
       (refswitch.pipeline), or the BMv2 JSON of the program the P4Info describes; anything else
-      is INVALID_ARGUMENT, at VERIFY too (runtime.check_device_config).
+      is INVALID_ARGUMENT, at VERIFY too (schema.check_device_config).
     * SetForwardingPipelineConfig: VERIFY checks the P4Info and device config; VERIFY_AND_SAVE
       keeps it for a later COMMIT; VERIFY_AND_COMMIT installs it and clears all state;
       RECONCILE_AND_COMMIT installs it keeping entries, groups and digest configs whose P4 ids
@@ -56,33 +56,29 @@ import grpc
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
 from google.protobuf import any_pb2
 
-from refswitch.runtime import (
-    ActionCall,
-    CloneSession,
-    CounterInfo,
-    CounterUnit,
-    DigestConfig,
+from refswitch.digests import DigestConfig
+from refswitch.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
-    Lpm,
-    MatchKind,
-    MatchSpec,
     NotFoundError,
     OutOfRangeError,
     PermissionDeniedError,
-    PipelineSchema,
-    Range,
-    Replica,
     ResourceExhaustedError,
-    SwitchState,
     SwitchStateError,
-    TableEntryView,
-    TableInfo,
-    Ternary,
     UnimplementedError,
     WriteOp,
+)
+from refswitch.replication import CloneSession, Replica
+from refswitch.schema import (
+    CounterInfo,
+    CounterUnit,
+    MatchKind,
+    PipelineSchema,
+    TableInfo,
     check_device_config,
 )
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall, Lpm, MatchSpec, Range, TableEntryView, Ternary
 
 _LOG = logging.getLogger(__name__)
 

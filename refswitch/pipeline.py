@@ -2,7 +2,7 @@
 
 This is the reference target's data plane. It keeps the same table, action, register, counter
 and digest names and semantics as the P4 program (tables live in a P4Info-driven
-:class:`~refswitch.runtime.SwitchState`, written over P4Runtime), and follows the program's
+:class:`~refswitch.state.SwitchState`, written over P4Runtime), and follows the program's
 control flow block by block so that a reader can hold the two side by side. Conformance vectors
 (tests/conformance) check that both give the same packets and counters.
 
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT
 from refswitch.edge import EdgeCounters, edge_verdict
-from refswitch.runtime import ActionCall, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall
 
 log = logging.getLogger(__name__)
 
