@@ -19,7 +19,9 @@ Modules:
     digests: digest configuration, batching and duplicate suppression.
     stream: PacketIn and DigestList delivery to the primary controller.
     errors: the typed errors (each with its google.rpc code) and WriteOp.
-    p4rt_server: the P4Runtime gRPC server over a SwitchState.
+    p4rt_server: the P4Runtime gRPC server over a SwitchState (requests, pipeline config).
+    p4rt_entities: P4Runtime entities of a Write or Read, to and from SwitchState calls.
+    p4rt_arbitration: StreamChannel connections and primary election.
     dataplane: raw-socket packet I/O on veth/Mininet interfaces.
     __main__: the ``kvcast-refswitch`` command (simple_switch_grpc's command line).
 """
