@@ -20,7 +20,8 @@ from refswitch.dataplane import Dataplane, PortMap
 from refswitch.impair import Impairment, ImpairSpec
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import Pipeline, initial_defaults
-from refswitch.runtime import ActionCall, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall
 
 log = logging.getLogger("refswitch")
 

@@ -2,7 +2,7 @@
 
 This is the reference target's data plane. It keeps the same table, action, register, counter
 and digest names and semantics as the P4 program (tables live in a P4Info-driven
-:class:`~refswitch.runtime.SwitchState`, written over P4Runtime), and follows the program's
+:class:`~refswitch.state.SwitchState`, written over P4Runtime), and follows the program's
 control flow block by block so that a reader can hold the two side by side. Conformance vectors
 (tests/conformance) check that both give the same packets and counters.
 
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT
 from refswitch.edge import EdgeCounters, edge_verdict
-from refswitch.runtime import ActionCall, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ _KVP = _UDP_AT + UDP_LEN
 _VALUE = _KVP + KVP_LEN
 _GET_FRAME_LEN = _VALUE + c.FRAG_BYTES
 _GET_VERSION_OP = (c.KVP_VERSION << 4) | c.KVP_OP_GET
-_DATA_VERSION_OP = (c.KVP_VERSION << 4) | c.KVP_OP_DATA
 _NOCACHE = c.KVP_FLAG_NOCACHE
 
 # Table names (from the generated constants: P4 is the single source).
@@ -382,17 +382,9 @@ class Pipeline:
         pkt[_VALUE : _VALUE + c.FRAG_BYTES] = regs.frag_words[base : base + c.FRAG_BYTES]
         _U32.pack_into(pkt, _KVP + 36, regs.frag_crc[slot])
         _U16.pack_into(pkt, _KVP + 28, regs.frag_len[slot])
-        pkt[_KVP] = _DATA_VERSION_OP
-        # The GET's flags less what a host may not set (here: all of them), plus HIT.
-        pkt[_KVP + 1] = c.KVP_FLAG_HIT
-        _U16.pack_into(pkt, _KVP + 26, frag_count)
-        _U32.pack_into(pkt, _KVP + 20, epoch)
-        _U32.pack_into(pkt, _KVP + 32, 0)
-        pkt[_IP + 12 : _IP + 20] = frame[_IP + 16 : _IP + 20] + frame[_IP + 12 : _IP + 16]
-        pkt[_IP + 8] = 64
-        pkt[_UDP_AT : _UDP_AT + 4] = frame[_UDP_AT + 2 : _UDP_AT + 4] + frame[_UDP_AT : _UDP_AT + 2]
-        _U16.pack_into(pkt, _UDP_AT + 6, 0)
-        pkt[0:12] = frame[6:12] + frame[0:6]
+        # The GET's flags less what a host may not set (here: all of them); KvpReply adds HIT.
+        pkt[_KVP + 1] = 0
+        self._reply(pkt, 0, _IP, _UDP_AT, _KVP, frag_count, epoch)
         _U16.pack_into(pkt, _IP + 10, _ipv4_checksum_at(pkt, _IP)[0])
         return [Output(port, bytes(pkt), port)]
 
@@ -660,7 +652,12 @@ class Pipeline:
             if regs.frag_epoch[slot] != epoch:
                 self._drop(meta, c.DROP_BAD_EPOCH)
                 return
-            self._reply(port, pkt, meta, eth, ip, udp, kvp, frag_count, epoch, group)
+            self._reply(pkt, eth, ip, udp, kvp, frag_count, epoch)
+            if group != 0:
+                meta.mcast_grp = group
+            else:
+                meta.egress_spec = port
+            meta.done = True
             meta.event = c.EV_GET_HIT
         elif flags & c.KVP_FLAG_NOCACHE:
             self._pool_owner(pkt, ip, udp, key)
@@ -670,20 +667,11 @@ class Pipeline:
             self._pool_owner(pkt, ip, udp, key)
             meta.event = c.EV_GET_MISS
 
+    @staticmethod
     def _reply(
-        self,
-        port: int,
-        pkt: bytearray,
-        meta: _Meta,
-        eth: int,
-        ip: int,
-        udp: int,
-        kvp: int,
-        frag_count: int,
-        epoch: int,
-        group: int,
+        pkt: bytearray, eth: int, ip: int, udp: int, kvp: int, frag_count: int, epoch: int
     ) -> None:
-        """KvpReply."""
+        """KvpReply's rewrite: the GET becomes a DATA hit to its sender (the caller routes it)."""
         pkt[kvp] = (pkt[kvp] & 0xF0) | c.KVP_OP_DATA
         pkt[kvp + 1] |= c.KVP_FLAG_HIT
         _U16.pack_into(pkt, kvp + 26, frag_count)
@@ -694,11 +682,6 @@ class Pipeline:
         pkt[udp : udp + 4] = pkt[udp + 2 : udp + 4] + pkt[udp : udp + 2]
         _U16.pack_into(pkt, udp + 6, 0)
         pkt[eth : eth + 12] = pkt[eth + 6 : eth + 12] + pkt[eth : eth + 6]
-        if group != 0:
-            meta.mcast_grp = group
-        else:
-            meta.egress_spec = port
-        meta.done = True
 
     def _pool_owner(self, pkt: bytearray, ip: int, udp: int, key: int) -> None:
         """PoolOwner."""

@@ -22,7 +22,7 @@ from emulation.targets import SwitchProcess, VethPorts, load_p4info
 from kvcast.tools.p4rt_client import P4RuntimeClient
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
-from refswitch.runtime import SwitchState
+from refswitch.state import SwitchState
 
 from .vectors import CPU, DENY_PORT, HOSTS, POOL_PORT, UNKNOWN_PORT
 

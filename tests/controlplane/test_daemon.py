@@ -25,7 +25,7 @@ from kvcast import wire
 from kvcast.backend import InMemoryBackend
 from kvcast.reports import AccessReport, ReportClient
 from poolnode.server import PoolServer
-from refswitch.runtime import ActionCall, Lpm
+from refswitch.tables import ActionCall, Lpm
 
 from .test_p4rt_harness import (
     HOST_IP,

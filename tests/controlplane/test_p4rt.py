@@ -41,7 +41,8 @@ from controlplane.p4rt import (
 from emulation.targets import P4INFO_PATH
 from kvcast import p4constants as c
 from kvcast import wire
-from refswitch.runtime import ActionCall, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall
 
 from .test_p4rt_harness import (
     HOST_MAC,

@@ -34,7 +34,8 @@ from kvcast import p4constants as c
 from kvcast import wire
 from refswitch.p4rt_server import P4RuntimeServer
 from refswitch.pipeline import PACKET_OUT_LEN, Output, Pipeline, initial_defaults
-from refswitch.runtime import ActionCall, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall
 
 CPU = c.CPU_PORT_NUM
 HOST_PORT = 1

@@ -7,7 +7,7 @@ import pytest
 from kvcast import p4constants as c
 from refswitch.dataplane import Dataplane, DataplaneError, PortMap
 from refswitch.pipeline import Pipeline
-from refswitch.runtime import SwitchState
+from refswitch.state import SwitchState
 
 
 def test_interface_specs_parse_and_refuse_repeats() -> None:

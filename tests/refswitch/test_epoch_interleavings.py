@@ -23,7 +23,8 @@ from emulation.targets import load_p4info
 from kvcast import p4constants as c
 from kvcast import wire
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
-from refswitch.runtime import ActionCall, Lpm, SwitchState
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall, Lpm
 
 TENANT = 5
 KEYS = (0xA1, 0xB2, 0xC3)

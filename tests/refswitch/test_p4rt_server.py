@@ -1,6 +1,6 @@
 """P4RuntimeServer driven by finsy (the project's client) and by raw gRPC stubs (exact codes).
 
-The program is tests/refswitch/test_runtime.py's P4INFO_TEXT.
+The program is tests/refswitch/test_state.py's P4INFO_TEXT.
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ from finsy.grpcutil import GRPCStatusCode
 from finsy.p4entity import P4Entity
 from finsy.proto import p4r, p4r_grpc, rpc_code, rpc_status
 
+from refswitch.errors import WriteOp
 from refswitch.p4rt_server import P4RuntimeServer
-from refswitch.runtime import ActionCall, Lpm, Replica, SwitchState, WriteOp
-from tests.refswitch.test_runtime import (
+from refswitch.replication import Replica
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall, Lpm
+from tests.refswitch.test_state import (
     BLOB,
     CACHE,
     DEFAULTS,

@@ -12,22 +12,20 @@ import pytest
 from finsy.proto import p4i, p4r
 from google.protobuf import text_format
 
-from refswitch.runtime import (
-    ActionCall,
+from refswitch.digests import DigestConfig
+from refswitch.errors import (
     AlreadyExistsError,
-    DigestConfig,
     FailedPreconditionError,
     InvalidArgumentError,
-    Lpm,
     NotFoundError,
     OutOfRangeError,
     PermissionDeniedError,
-    Replica,
     ResourceExhaustedError,
-    SwitchState,
-    Ternary,
     WriteOp,
 )
+from refswitch.replication import Replica
+from refswitch.state import SwitchState
+from refswitch.tables import ActionCall, Lpm, Ternary
 
 # What a BMv2 client pushes: a BMv2 JSON whose pipelines hold the P4Info's tables.
 _TABLES = ["port_role", "cache", "route", "acl", "config", "fixed"]
