@@ -14,6 +14,9 @@ for example ``bench policies workload=conversation budget=512 policy=kvcast byte
 ratio_to_opt=0.511``. Other printed lines (``# ...`` comments, tables) are for people only.
 Results compare things measured side by side in one run; they are never asserted in tests.
 
+The top layer: a suite may import any kvcast package (``experiments`` too); nothing imports
+``benchmarks``.
+
 Classes:
     Benchmark: a named benchmark callable.
 

@@ -6,4 +6,8 @@ Modules:
     topo: cluster descriptions (a star, a leaf-spine fabric) as pure data and Mininet topologies.
     network: a running star cluster (one switch), programmed and torn down.
     fabric: a running leaf-spine fabric, programmed from kvcast.fabric's plan.
+
+Imports: ``kvcast`` (its tools too: the blocking P4Runtime client) and the components it starts
+(``refswitch``, ``controlplane``, ``poolnode``, ``hostagent``); never ``fuzz``, ``experiments``
+or ``benchmarks``.
 """

@@ -20,4 +20,7 @@ headers, lying lengths, trailing garbage, random bytes):
 Modules:
     mutators: the seeds and the mutation operators.
     targets: one function per target, returning its counts.
+
+Imports: ``kvcast``, the components it feeds and ``emulation`` (a BMv2 process); never
+``experiments`` or ``benchmarks``.
 """
