@@ -81,7 +81,8 @@ def _summary(config: DaemonConfig) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from controlplane.daemon import configure_logging, serve
+    from controlplane.daemon import serve
+    from controlplane.logs import configure_logging
 
     try:
         config = load_config(args.config)
