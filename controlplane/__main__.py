@@ -27,7 +27,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from controlplane.config import DaemonConfig, ListenAddress, load_config
+from controlplane.config import load_config
+from controlplane.configspec import DaemonConfig, ListenAddress
 from controlplane.errors import ControlPlaneError
 from controlplane.reports import ReportClient
 

@@ -73,7 +73,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.apply import DecisionApplier
 from controlplane.chunksource import ChunkSource, ChunkUnavailableError, KvpChunkSource
-from controlplane.config import DaemonConfig
+from controlplane.configspec import DaemonConfig
 from controlplane.drivers import ConsistentHashRing
 from controlplane.intake import ReportIntake, RoutedReport, SwitchAccesses
 from controlplane.metrics import ControllerMetrics

@@ -26,7 +26,7 @@ from http import HTTPStatus
 from typing import Any, NamedTuple
 
 from controlplane.chunksource import ChunkUnavailableError
-from controlplane.config import DaemonConfig
+from controlplane.configspec import DaemonConfig
 from controlplane.drivers import ChunkId
 from controlplane.errors import SwitchError
 from controlplane.kvclasses import (

@@ -27,7 +27,7 @@ from typing import Any
 
 from controlplane.admission import ReuseAdmission
 from controlplane.chunksource import ChunkSource
-from controlplane.config import DaemonConfig, SwitchSpec
+from controlplane.configspec import DaemonConfig, SwitchSpec
 from controlplane.drivers import (
     ChunkId,
     EpochClock,
