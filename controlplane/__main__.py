@@ -27,7 +27,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from controlplane.config import DaemonConfig, ListenAddress, load_config
+from controlplane.config import load_config
+from controlplane.configspec import DaemonConfig, ListenAddress
 from controlplane.errors import ControlPlaneError
 from kvcast.reports import ReportClient
 
@@ -80,13 +81,21 @@ def _summary(config: DaemonConfig) -> str:
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from controlplane.daemon import configure_logging, serve
-
+def _load(path: str) -> DaemonConfig | None:
+    """The configuration in ``path``, or None after saying on stderr why it is not valid."""
     try:
-        config = load_config(args.config)
+        return load_config(path)
     except ControlPlaneError as exc:
         print(f"kvcast-controller: {exc}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from controlplane.daemon import serve
+    from controlplane.logs import configure_logging
+
+    config = _load(args.config)
+    if config is None:
         return 2
     configure_logging(args.log_level or config.log_level)
     try:
@@ -102,10 +111,8 @@ def _run(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     metrics_url = args.metrics_url
     if args.config:
-        try:
-            config = load_config(args.config)
-        except ControlPlaneError as exc:
-            print(f"kvcast-controller: {exc}", file=sys.stderr)
+        config = _load(args.config)
+        if config is None:
             return 2
         url = _local(config.report_api.listen)
         if metrics_url is None and config.metrics is not None:
@@ -134,10 +141,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
-    except ControlPlaneError as exc:
-        print(f"kvcast-controller: {exc}", file=sys.stderr)
+    config = _load(args.file)
+    if config is None:
         return 2
     print(_summary(config))
     return 0

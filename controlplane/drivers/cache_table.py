@@ -10,6 +10,9 @@ Classes:
     ChunkId: (tenant, key), the name of a chunk.
     CacheEntry: one cache_table entry.
     CacheTableDriver: insert / modify / delete entries, read them back, read hit counters.
+
+Functions:
+    read_hit_counts: the direct hit counters of every entry (the stats driver reads them too).
 """
 
 from __future__ import annotations
@@ -162,13 +165,7 @@ class CacheTableDriver:
         Raises:
             SwitchError: the read failed.
         """
-        out: dict[ChunkId, int] = {}
-        for ent in await self._client.read([fy.P4DirectCounterEntry(DIRECT_COUNTER)]):
-            if ent.table_entry is None or not ent.table_entry.match:
-                continue
-            m = ent.table_entry.match
-            out[ChunkId(int(m["tenant"]), int(m["key"]))] = ent.packet_count
-        return out
+        return await read_hit_counts(self._client)
 
     async def reconcile(self) -> ReconcileResult:
         """Makes the switch's cache_table hold exactly the entries this driver installed.
@@ -189,3 +186,24 @@ class CacheTableDriver:
     def forget_all(self) -> None:
         """Forgets every entry without writing (the switch lost its tables)."""
         self._mirror.forget_all()
+
+
+async def read_hit_counts(client: SwitchClient) -> dict[ChunkId, int]:
+    """Reads the cache table's direct counters: GETs served per cached chunk.
+
+    Args:
+        client: the switch.
+
+    Returns:
+        Packets counted per cached chunk.
+
+    Raises:
+        SwitchError: the read failed.
+    """
+    out: dict[ChunkId, int] = {}
+    for ent in await client.read([fy.P4DirectCounterEntry(DIRECT_COUNTER)]):
+        if ent.table_entry is None or not ent.table_entry.match:
+            continue
+        m = ent.table_entry.match
+        out[ChunkId(int(m["tenant"]), int(m["key"]))] = ent.packet_count
+    return out

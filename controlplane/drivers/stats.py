@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import finsy as fy
 
-from controlplane.drivers.cache_table import ChunkId
+from controlplane.drivers.cache_table import ChunkId, read_hit_counts
 from controlplane.errors import ConfigError, EntryExistsError
 from controlplane.p4rt import SessionInfo, SwitchClient
 from kvcast import p4constants as c
@@ -38,7 +38,6 @@ IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
 EG_DROPS = c.COUNTER_EGRESS_STATS_DROP_COUNTER
 IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
 EG_EVENTS = c.COUNTER_EGRESS_STATS_KVP_EVENT_COUNTER
-DIRECT_COUNTER = c.DIRECT_COUNTER_INGRESS_CACHE_CACHE_COUNTER
 
 
 def _names(prefix: str, count_name: str) -> dict[int, str]:
@@ -164,12 +163,7 @@ class StatsDriver:
         Raises:
             SwitchError: the read failed.
         """
-        out: dict[ChunkId, int] = {}
-        for ent in await self._client.read([fy.P4DirectCounterEntry(DIRECT_COUNTER)]):
-            if ent.table_entry is not None and ent.table_entry.match:
-                m = ent.table_entry.match
-                out[ChunkId(int(m["tenant"]), int(m["key"]))] = ent.packet_count
-        return out
+        return await read_hit_counts(self._client)
 
     async def hot_misses(self) -> AsyncGenerator[HotMiss, None]:
         """Yields every hot-miss report from now on (each iterator gets every report).

@@ -18,7 +18,8 @@ import pytest
 
 from controlplane.allocator import SlotRange
 from controlplane.chunksource import BackendChunkSource, ChunkSource
-from controlplane.config import DaemonConfig, parse_config
+from controlplane.config import parse_config
+from controlplane.configspec import DaemonConfig
 from controlplane.daemon import Controller
 from kvcast import p4constants as c
 from kvcast import wire

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import controlplane.config as config_module
-from controlplane.config import SRAM_BYTES, ListenAddress, load_config, parse_config
+from controlplane.config import load_config, parse_config
+from controlplane.configspec import SRAM_BYTES, ListenAddress
 from controlplane.errors import ConfigError
 from kvcast import p4constants as c
 from kvcast.ports import AGENT_PORT

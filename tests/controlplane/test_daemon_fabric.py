@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import DaemonConfig, parse_config
+from controlplane.config import parse_config
+from controlplane.configspec import DaemonConfig
 from controlplane.errors import ConfigError
 from kvcast import p4constants as c
 from kvcast import wire
