@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 from finsy.proto import p4r
@@ -50,6 +50,7 @@ from emulation.topo import (
     addresses,
 )
 from kvcast import p4constants as c
+from kvcast.lifecycle import Service
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
 
@@ -88,7 +89,7 @@ def cleanup_leftovers() -> list[str]:
     return removed
 
 
-class Cluster:
+class Cluster(Service):
     """A running emulated cluster.
 
     Args:
@@ -120,17 +121,6 @@ class Cluster:
             setLogLevel("critical")
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> Cluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

@@ -19,6 +19,7 @@ Modules:
     fabric: a leaf-spine fabric's forwarding plan (routes, trees, cache placement), which the
         controller and the emulation both install.
     procs: stopping a child process (SIGTERM, wait, SIGKILL) the same way everywhere.
+    lifecycle: ``Service``, one ``with`` protocol for whatever starts and stops.
     native: the optional C extension (batched I/O, CRCs) and whether it is on.
 
 Packages:

@@ -38,8 +38,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
+from kvcast.lifecycle import Service
 from kvcast.mooncake import PACKAGE, MooncakeUnavailableError
 
 _PR_SET_PDEATHSIG = 1
@@ -80,7 +80,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class MooncakeMaster:
+class MooncakeMaster(Service):
     """A ``mooncake_master`` subprocess on loopback, stopped on ``stop()``, exit or error.
 
     The master gets free TCP ports for its RPC service and its metrics/admin server (bound to
@@ -336,14 +336,3 @@ class MooncakeMaster:
                 with contextlib.suppress(OSError):
                     os.unlink(self.log_path)
                 self.log_path = ""
-
-    def __enter__(self) -> MooncakeMaster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -33,12 +33,13 @@ import socket
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, NamedTuple, cast
 
 from kvcast import p4constants as c
 from kvcast.backend import PoolBackend
 from kvcast.kvp import DEFAULT_MTU, frag_count, frags_per_data
+from kvcast.lifecycle import Service
 from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
 from poolnode.groups import GroupSource
@@ -427,7 +428,7 @@ class KvpGetHandler:
         return [(nack_message(header, status), _EMPTY)]
 
 
-class PoolServer:
+class PoolServer(Service):
     """A pool node's UDP server: a blocking socket loop that answers KVP GETs.
 
     ``start()`` runs the loop in a daemon thread (tests, embedding); ``serve_forever()`` runs it
@@ -641,17 +642,6 @@ class PoolServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-
-    def __enter__(self) -> PoolServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class AsyncPoolServerProtocol(asyncio.DatagramProtocol):

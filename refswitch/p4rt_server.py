@@ -51,12 +51,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from types import TracebackType
 
 import grpc
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
 from google.protobuf import any_pb2
 
+from kvcast.lifecycle import Service
 from refswitch.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -330,7 +330,7 @@ def _internal(context: grpc.ServicerContext, rpc: str, exc: Exception) -> None:
 
 
 # ----------------------------------------------------------------------------------- server
-class P4RuntimeServer:
+class P4RuntimeServer(Service):
     """A p4.v1.P4Runtime gRPC server over one SwitchState (usable as a context manager).
 
     Args:
@@ -414,15 +414,3 @@ class P4RuntimeServer:
             _LOG.info("interrupted")
         finally:
             self.stop(grace=1.0)
-
-    def __enter__(self) -> P4RuntimeServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
