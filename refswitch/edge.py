@@ -3,7 +3,7 @@
 A check that applies only to what the parser takes as IPv4 is no check: a Linux host hands VLAN-
 tagged, 802.1ad and other frames to an ordinary UDP socket with their source port intact, and a
 program that forwards anything not plain IPv4 by destination MAC forwards those unchecked (issue
-27). The guard (``EdgeGuard`` in p4src/v1model/include/control/edge_guard.p4, applied right after
+27). The guard (``EdgeGuard`` in p4src/shared/control/edge_guard.p4, applied right after
 ``port_role``) therefore lets a frame from a host port go on to the pipeline's other blocks only
 if it is something a host may send:
 

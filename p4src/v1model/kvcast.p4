@@ -183,7 +183,7 @@ control KvcastEgress(inout headers_t hdr, inout local_metadata_t meta,
             exit;
         }
         if (std.egress_rid != 0 && hdr.kvp.isValid()) {
-            replica.apply(hdr, meta, std);
+            replica.apply(hdr, meta, std.egress_rid);
         }
         if (std.egress_port == CPU_PORT_NUM) {
             hdr.packet_in.setValid();
