@@ -126,8 +126,8 @@ class Registers:
         reported: the sketch's report row (HotMissSketch.reported), one 64-bit cell each:
             a valid bit (bit 32), the tenant that was last reported there (bits 31-16) and the
             window it was reported in (bits 15-0). Per-tenant marks (issue 27): another
-            tenant's key that hashes to a victim's cell cannot mark it reported for the victim.
-            The committed P4 programs still keep ``1 ++ window`` in 32 bits (docs/security.md).
+            tenant's key that hashes to a victim's cell cannot mark it reported for the victim,
+            as in both P4 programs.
     """
 
     def __init__(self) -> None:

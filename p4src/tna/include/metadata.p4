@@ -82,6 +82,7 @@ struct local_metadata_t {
     bit<32>      hot_threshold;  // the threshold, as the digest carries it
     bit<16>      sketch_window;
     bit<32>      report_mark;
+    bit<32>      report_tenant;  // the GET's tenant, as the report row's high word keeps it
     bit<16>      sketch_c0;  // the rows' counts of this key in this window
     bit<16>      sketch_c1;
     bit<16>      sketch_c2;
