@@ -55,7 +55,8 @@ p4-tofino:
 	    { [ -f build/tofino/kvcast.conf ] || { gen=$$(dirname $$(readlink -f $(P4C_TOFINO)))/p4c-gen-conf; \
 	      [ ! -x "$$gen" ] || (cd build/tofino && $$gen --conf-type BF-RT --bfrt-name bf-rt.json \
 	        --name kvcast --device tofino --p4-version p4-16 --outputdir . --pipe pipe); }; } && \
-	    $(PY) -m kvcast.tools.tofino_summary build/tofino p4src/build/tofino; \
+	    $(PY) -m kvcast.tools.tofino_summary build/tofino p4src/build/tofino && \
+	    rm -f p4src/build/tofino/uncompiled.json; \
 	else \
 	    inc=$$($(PY) -c 'from emulation.targets import tna_include_dir as t; print(t() or "")'); \
 	    [ -n "$(P4TEST)" ] && [ -n "$$inc" ] || { echo "neither bf-p4c nor p4test with tna.p4 found (docs/tofino.md)"; exit 1; }; \

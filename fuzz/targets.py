@@ -79,7 +79,6 @@ def run_refswitch(count: int, seed: int) -> Counter[str]:
         def totals() -> tuple[int, int]:
             drops = sum(p for p, _ in state.counter_values(IG_DROPS))
             drops += sum(p for p, _ in state.counter_values(EG_DROPS))
-            drops += sum(target.pipeline.edge_drops.snapshot().values())  # refswitch/edge.py
             return drops, sum(p for p, _ in state.counter_values(IG_EVENTS))
 
         regs = target.pipeline.regs.snapshot()

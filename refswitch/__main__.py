@@ -75,12 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     log.info(
-        "stopping: rx %d tx %d tx_errors %d impaired %s edge drops %s",
+        "stopping: rx %d tx %d tx_errors %d impaired %s",
         dataplane.rx_packets,
         dataplane.tx_packets,
         dataplane.tx_errors,
         impairment.counts if impairment is not None else "none",
-        pipeline.edge_drops.nonzero() or "none",
     )
     server.stop(grace=1)
     dataplane.stop()

@@ -1,32 +1,26 @@
-"""EdgeGuard: default-deny at the switch's edge, a block the reference target runs first.
+"""EdgeGuard: default-deny at the switch's edge, the reference target's copy of the P4 block.
 
 A check that applies only to what the parser takes as IPv4 is no check: a Linux host hands VLAN-
-tagged, 802.1ad and other frames to an ordinary UDP socket with their source port intact, and the
-P4 programs as committed forward anything that is not plain IPv4 by destination MAC, unchecked
-(issue 27). The guard therefore lets a frame from a host port go on to the P4 pipeline's blocks
-only if it is something a host may send:
+tagged, 802.1ad and other frames to an ordinary UDP socket with their source port intact, and a
+program that forwards anything not plain IPv4 by destination MAC forwards those unchecked (issue
+27). The guard (``EdgeGuard`` in p4src/shared/control/edge_guard.p4, applied right after
+``port_role``) therefore lets a frame from a host port go on to the pipeline's other blocks only
+if it is something a host may send:
 
 - ARP for IPv4 over Ethernet, well formed, whose sender address is the port's bound address
   (ARP is then switched by ``l2_fwd`` like before);
-- IPv4 that is not a fragment (PortRole, KvpValidate and the rest then check it as before; IPv4
-  with options is dropped there as ``DROP_MALFORMED``, as the P4 programs do).
+- IPv4 that is not a fragment (PortRole, KvpValidate and the rest then check it; IPv4 with
+  options is dropped there as ``DROP_MALFORMED``).
 
-Everything else from a host port is dropped here and counted under its own reason: 802.1Q and
+Everything else from a host port is dropped and counted under its own reason: 802.1Q and
 802.1ad tags, IPv6, MPLS, 802.3 length/LLC frames, every other EtherType, malformed or spoofed
-ARP, IPv4 fragments. A DENY port (the reference target's default for a port without a
-``port_role`` entry) sends nothing at all. Pool ports, fan-out ports and the CPU port are
-trusted parties (docs/security.md) and pass untouched.
-
-These reasons are not in ``kvcast.p4constants``: that module is generated from P4, and the P4
-programs do not have this block yet (docs/security.md, "What the P4 programs still need"). So
-they are counted in a counter of the reference target's own,
-``KvcastIngress.edge_guard.drop_counter`` (:data:`EDGE_DROP_COUNTER`), which is not in the P4Info
-and is read in process (:class:`EdgeCounters`) or from the refswitch process's log at exit; the
-P4 program's drop counter does not count these packets.
+ARP, IPv4 fragments. A DENY port (the program's default for a port without a ``port_role``
+entry) sends nothing at all. Pool ports, fan-out ports and the CPU port are trusted parties
+(docs/security.md) and pass untouched. The reasons are the program's drop reasons
+(``c.DROP_PORT_DENIED`` .. ``c.DROP_IPV4_FRAGMENT``), counted in its ``drop_counter``.
 
 Classes:
-    EdgeReason: why the guard dropped a frame (the edge counter's index).
-    EdgeCounters: the guard's packet counts per reason.
+    EdgeReason: why the guard dropped a frame (the generated drop reason).
 
 Functions:
     edge_verdict: the guard's decision for one frame from a port of a given role.
@@ -39,76 +33,43 @@ import struct
 
 from kvcast import p4constants as c
 
-EDGE_DROP_COUNTER = "KvcastIngress.edge_guard.drop_counter"
-
-ETHERTYPE_IPV4 = c.ETHERTYPE_IPV4
-ETHERTYPE_ARP = 0x0806
-# 802.1Q C-tag, 802.1ad S-tag, and the pre-standard QinQ TPIDs still found in switches.
-VLAN_TPIDS = frozenset({0x8100, 0x88A8, 0x9100, 0x9200})
-ETHERTYPE_IPV6 = 0x86DD
-MPLS_ETHERTYPES = frozenset({0x8847, 0x8848})
-# Below 0x0600 the field is an 802.3 length: an LLC/SNAP frame follows.
-MAX_8023_LENGTH = 0x05FF
+VLAN_TPIDS = frozenset(
+    {c.ETHERTYPE_VLAN, c.ETHERTYPE_QINQ, c.ETHERTYPE_QINQ_9100, c.ETHERTYPE_QINQ_9200}
+)
+MPLS_ETHERTYPES = frozenset({c.ETHERTYPE_MPLS, c.ETHERTYPE_MPLS_MCAST})
 
 _ETH_LEN = 14
 _ARP_LEN = 28
-# htype Ethernet, ptype IPv4, hlen 6, plen 4.
-_ARP_IPV4_OVER_ETHERNET = struct.pack("!HHBB", 1, ETHERTYPE_IPV4, 6, 4)
-_ARP_OPS = (1, 2)
+_IPV4_LEN = 20
+_ARP_IPV4_OVER_ETHERNET = struct.pack(
+    "!HHBB", c.ARP_HTYPE_ETHERNET, c.ETHERTYPE_IPV4, c.ARP_HLEN_ETHERNET, c.ARP_PLEN_IPV4
+)
+_ARP_OPS = (c.ARP_OP_REQUEST, c.ARP_OP_REPLY)
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 
 
 class EdgeReason(enum.IntEnum):
-    """Why EdgeGuard dropped a frame: the index into :data:`EDGE_DROP_COUNTER`."""
+    """Why EdgeGuard dropped a frame: its index into the program's ``drop_counter``."""
 
-    PORT_DENIED = 0
+    PORT_DENIED = c.DROP_PORT_DENIED
     """Anything from a DENY port (and so, by default, from a port nobody configured)."""
-    VLAN = 1
+    VLAN = c.DROP_VLAN
     """A frame carrying an 802.1Q or 802.1ad (QinQ) tag."""
-    IPV6 = 2
+    IPV6 = c.DROP_IPV6
     """IPv6: the switch checks and routes IPv4 only."""
-    MPLS = 3
+    MPLS = c.DROP_MPLS
     """MPLS unicast or multicast."""
-    LLC = 4
+    LLC = c.DROP_LLC
     """An 802.3 frame (length field, LLC/SNAP)."""
-    OTHER_ETHERTYPE = 5
+    OTHER_ETHERTYPE = c.DROP_OTHER_ETHERTYPE
     """Any other EtherType (PPPoE, LLDP, 802.1X, MACsec, RARP, experimental, ...)."""
-    ARP_MALFORMED = 6
+    ARP_MALFORMED = c.DROP_ARP_MALFORMED
     """ARP that is not a well-formed IPv4-over-Ethernet request or reply."""
-    ARP_SPOOFED = 7
+    ARP_SPOOFED = c.DROP_ARP_SPOOFED
     """ARP from a bound port whose sender address is not the port's."""
-    IPV4_FRAGMENT = 8
+    IPV4_FRAGMENT = c.DROP_IPV4_FRAGMENT
     """An IPv4 fragment (MF set or a non-zero offset): the switch cannot check what reassembles."""
-
-
-EDGE_REASON_COUNT = len(EdgeReason)
-
-
-class EdgeCounters:
-    """Packets dropped by EdgeGuard, per :class:`EdgeReason`.
-
-    Not thread-safe on its own: the dataplane thread counts, readers take a snapshot.
-    """
-
-    def __init__(self) -> None:
-        self._packets = [0] * EDGE_REASON_COUNT
-
-    def count(self, reason: EdgeReason) -> None:
-        """Adds one packet to ``reason``."""
-        self._packets[reason] += 1
-
-    def value(self, reason: EdgeReason) -> int:
-        """Packets counted under ``reason``."""
-        return self._packets[reason]
-
-    def snapshot(self) -> dict[EdgeReason, int]:
-        """Every reason's count (zeros included)."""
-        return {reason: self._packets[reason] for reason in EdgeReason}
-
-    def nonzero(self) -> dict[str, int]:
-        """The reasons that counted something, by name (for logs)."""
-        return {reason.name: n for reason, n in self.snapshot().items() if n}
 
 
 def edge_verdict(
@@ -124,7 +85,8 @@ def edge_verdict(
 
     Returns:
         None if the frame may go on to the pipeline, else the reason to drop it. A frame too
-        short for an Ethernet header goes on (the parser drops it as malformed).
+        short for an Ethernet or IPv4 header goes on (the parser drops it as malformed, as the
+        P4 parser's error does).
     """
     if role == c.PORT_ROLE_DENY:
         return EdgeReason.PORT_DENIED
@@ -133,20 +95,20 @@ def edge_verdict(
     if len(frame) - eth < _ETH_LEN:
         return None
     ether_type = _U16.unpack_from(frame, eth + 12)[0]
-    if ether_type == ETHERTYPE_IPV4:
+    if ether_type == c.ETHERTYPE_IPV4:
         ip = eth + _ETH_LEN
-        if len(frame) - ip >= 8 and _U16.unpack_from(frame, ip + 6)[0] & 0x3FFF:
+        if len(frame) - ip >= _IPV4_LEN and _U16.unpack_from(frame, ip + 6)[0] & 0x3FFF:
             return EdgeReason.IPV4_FRAGMENT
         return None
-    if ether_type == ETHERTYPE_ARP:
+    if ether_type == c.ETHERTYPE_ARP:
         return _arp_verdict(bound_addr, frame, eth + _ETH_LEN)
     if ether_type in VLAN_TPIDS:
         return EdgeReason.VLAN
-    if ether_type == ETHERTYPE_IPV6:
+    if ether_type == c.ETHERTYPE_IPV6:
         return EdgeReason.IPV6
     if ether_type in MPLS_ETHERTYPES:
         return EdgeReason.MPLS
-    if ether_type <= MAX_8023_LENGTH:
+    if ether_type <= c.MAX_8023_LENGTH:
         return EdgeReason.LLC
     return EdgeReason.OTHER_ETHERTYPE
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kvcast import p4constants as c
 from kvcast.wire import KVP_STRUCT
-from refswitch.edge import EdgeCounters, edge_verdict
+from refswitch.edge import edge_verdict
 from refswitch.state import SwitchState
 from refswitch.tables import ActionCall
 
@@ -89,10 +89,9 @@ HOT_DIGEST = c.DIGEST_HOT_MISS_DIGEST_T
 def initial_defaults() -> dict[str, ActionCall]:
     """The default actions the program gives its tables (P4Info does not carry them).
 
-    All as declared in p4src/v1model but one: a port without a ``port_role`` entry is a DENY
-    port here, so that a port nobody configured is denied by the data plane itself, not only by
-    the controller's ``deny_unknown_ports`` (issue 27). The committed P4 programs still default
-    to an unbound HOST port (docs/security.md, "What the P4 programs still need").
+    As declared in p4src/v1model; a port without a ``port_role`` entry is a DENY port, so that
+    a port nobody configured is denied by the data plane itself, not only by the controller's
+    ``deny_unknown_ports`` (issue 27).
 
     Returns:
         Table name to default action.
@@ -127,8 +126,8 @@ class Registers:
         reported: the sketch's report row (HotMissSketch.reported), one 64-bit cell each:
             a valid bit (bit 32), the tenant that was last reported there (bits 31-16) and the
             window it was reported in (bits 15-0). Per-tenant marks (issue 27): another
-            tenant's key that hashes to a victim's cell cannot mark it reported for the victim.
-            The committed P4 programs still keep ``1 ++ window`` in 32 bits (docs/security.md).
+            tenant's key that hashes to a victim's cell cannot mark it reported for the victim,
+            as in both P4 programs.
     """
 
     def __init__(self) -> None:
@@ -206,10 +205,9 @@ class _Meta:
 class Pipeline:
     """The v1model program for one switch, one packet at a time.
 
-    Before the program's parser, every frame from a data port meets the reference target's
-    edge guard (:mod:`refswitch.edge`): a host port may send only ARP and unfragmented IPv4, a
-    DENY port nothing. Its drops are counted in :attr:`edge_drops`, not in the program's
-    counters.
+    Every frame from a data port first meets the edge guard (:mod:`refswitch.edge`, the P4
+    program's EdgeGuard): a host port may send only ARP and unfragmented IPv4, a DENY port
+    nothing. Its drops are counted in the program's ``drop_counter`` under their own reasons.
 
     Not thread-safe: one dataplane thread calls :meth:`process`; P4Runtime writes go to the
     :class:`SwitchState`, which is.
@@ -217,9 +215,6 @@ class Pipeline:
     Args:
         state: table entries, counters, multicast groups, digests.
         fast_path: serve the common cases in one pass (the results are the same).
-
-    Attributes:
-        edge_drops: the edge guard's drop counts per reason.
     """
 
     def __init__(self, state: SwitchState, fast_path: bool = True):
@@ -227,12 +222,10 @@ class Pipeline:
         self.regs = Registers()
         self.cpu_port = c.CPU_PORT_NUM
         self.fast_path = fast_path
-        self.edge_drops = EdgeCounters()
 
     def reset(self) -> None:
-        """Clears every register and the edge counters, as loading a new program does on BMv2."""
+        """Clears every register, as loading a new program does on BMv2."""
         self.regs = Registers()
-        self.edge_drops = EdgeCounters()
 
     # ------------------------------------------------------------------ parser
     def process(self, ingress_port: int, frame: bytes) -> list[Output]:
@@ -328,7 +321,7 @@ class Pipeline:
         reason = edge_verdict(role, bound_addr, frame)
         if reason is None:
             return True
-        self.edge_drops.count(reason)
+        self.state.count(IG_DROPS, reason)
         return False
 
     # ------------------------------------------------------------------ fast path
@@ -487,9 +480,7 @@ class Pipeline:
 
         if not meta.drop and not meta.done and kvp >= 0:
             op = pkt[kvp] & 0xF
-            if meta.port_role == c.PORT_ROLE_DENY and not meta.from_cpu:
-                self._drop(meta, c.DROP_UNAUTHORIZED)
-            elif op == c.KVP_OP_WRITE:
+            if op == c.KVP_OP_WRITE:
                 self._write(pkt, meta, ip, udp, kvp, value)
             elif op == c.KVP_OP_GET:
                 # Only NOCACHE is a host's to set.

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvcast.tools.gen_constants import GeneratorError, parse_sizes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("p4src/tna", "p4src/shared")
 # Tofino-1: 12 stages; per stage 80 SRAM blocks, 24 TCAM blocks, 4 stateful ALUs.
 STAGES = 12

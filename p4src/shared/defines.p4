@@ -7,6 +7,24 @@
 #define _KVCAST_DEFINES_P4_
 
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<16> ETHERTYPE_ARP = 0x0806;
+// What a host port must not send (the edge guard drops each under its own reason): 802.1Q and
+// 802.1ad tags with the pre-standard QinQ TPIDs still found in switches, IPv6, MPLS. Below
+// 0x0600 the field is an 802.3 length (LLC/SNAP follows).
+const bit<16> ETHERTYPE_VLAN = 0x8100;
+const bit<16> ETHERTYPE_QINQ = 0x88A8;
+const bit<16> ETHERTYPE_QINQ_9100 = 0x9100;
+const bit<16> ETHERTYPE_QINQ_9200 = 0x9200;
+const bit<16> ETHERTYPE_IPV6 = 0x86DD;
+const bit<16> ETHERTYPE_MPLS = 0x8847;
+const bit<16> ETHERTYPE_MPLS_MCAST = 0x8848;
+const bit<16> MAX_8023_LENGTH = 0x05FF;
+// ARP for IPv4 over Ethernet: the only ARP a host port may send (RFC 826).
+const bit<16> ARP_HTYPE_ETHERNET = 1;
+const bit<8>  ARP_HLEN_ETHERNET = 6;
+const bit<8>  ARP_PLEN_IPV4 = 4;
+const bit<16> ARP_OP_REQUEST = 1;
+const bit<16> ARP_OP_REPLY = 2;
 const bit<8>  IP_PROTO_UDP = 17;
 
 // "KV" in ASCII; outside IANA's well-known range and unused by RoCE (4791) and VXLAN (4789).
@@ -49,7 +67,17 @@ const bit<32> DROP_TTL_EXPIRED = 5;
 const bit<32> DROP_SPOOFED = 6;        // source address is not the one bound to the host port
 const bit<32> DROP_BAD_TENANT = 7;     // tenant not bound to the host port
 const bit<32> DROP_BAD_GROUP = 8;      // GET names a group its ingress port is not a member of
-const bit<32> DROP_REASON_COUNT = 9;
+// The edge guard (docs/security.md): what a host port may not send, and a DENY port at all.
+const bit<32> DROP_PORT_DENIED = 9;    // anything from a DENY port (the default for an unknown one)
+const bit<32> DROP_VLAN = 10;          // an 802.1Q or 802.1ad (QinQ) tag from a host port
+const bit<32> DROP_IPV6 = 11;          // the switch checks and routes IPv4 only
+const bit<32> DROP_MPLS = 12;
+const bit<32> DROP_LLC = 13;           // an 802.3 length frame (LLC/SNAP)
+const bit<32> DROP_OTHER_ETHERTYPE = 14;  // PPPoE, LLDP, 802.1X, MACsec, RARP, experimental, ...
+const bit<32> DROP_ARP_MALFORMED = 15; // ARP that is not a well-formed IPv4-over-Ethernet op 1/2
+const bit<32> DROP_ARP_SPOOFED = 16;   // ARP from a bound host port with another sender address
+const bit<32> DROP_IPV4_FRAGMENT = 17; // MF or an offset: the switch cannot check what reassembles
+const bit<32> DROP_REASON_COUNT = 18;
 
 // Index into kvp_event_counter: what happened to KVP packets that were not dropped.
 const bit<32> EV_GET_HIT = 0;
@@ -61,9 +89,9 @@ const bit<32> EV_WRITE = 5;
 const bit<32> EV_HOT_DIGEST = 6;      // a hot uncached key was reported to the control plane
 const bit<32> EV_COUNT = 7;
 
-// Port roles (port_role table). An unknown port is an unbound host (the program's default);
-// the controller binds each host port to its address and tenants (bind_host) and makes unknown
-// ports DENY, whose KVP packets are all dropped (docs/security.md).
+// Port roles (port_role table). An unknown port is DENY (the program's default): nothing from
+// it enters. The controller binds each host port to its address and tenants (bind_host); a
+// host port sends only ARP and unfragmented IPv4 (docs/security.md).
 const bit<8> PORT_ROLE_HOST = 0;
 const bit<8> PORT_ROLE_POOL = 1;
 const bit<8> PORT_ROLE_DENY = 2;

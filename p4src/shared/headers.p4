@@ -36,6 +36,19 @@ header ipv4_t {
     ipv4_addr_t dst_addr;
 }
 
+// ARP for IPv4 over Ethernet (28 bytes); the edge guard checks it, l2_fwd switches it.
+header arp_t {
+    bit<16>     htype;
+    bit<16>     ptype;
+    bit<8>      hlen;
+    bit<8>      plen;
+    bit<16>     op;
+    mac_addr_t  sha;
+    ipv4_addr_t spa;
+    mac_addr_t  tha;
+    ipv4_addr_t tpa;
+}
+
 header udp_t {
     bit<16> src_port;
     bit<16> dst_port;

@@ -19,6 +19,7 @@
 #include "tna/include/parser.p4"
 #include "tna/include/control/stats.p4"
 #include "tna/include/control/port_role.p4"
+#include "tna/include/control/edge_guard.p4"
 #include "tna/include/control/kvp_validate.p4"
 #include "tna/include/control/cache.p4"
 #include "tna/include/control/fragment_store.p4"
@@ -34,6 +35,7 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                       inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                       inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     PortRole() port_role;
+    EdgeGuard() edge_guard;
     KvpValidate() kvp_validate;
     CacheLookup() cache;
     FragmentStore() fragments;
@@ -116,6 +118,11 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         hdr.bridged.ingress_port = ig_intr_md.ingress_port;
 
         port_role.apply(hdr, meta, ig_intr_md.ingress_port);
+        // Default-deny at the edge, on whatever the frame is: comparisons on parsed fields and
+        // PortRole's verdict, in the stage after port_role (no table, no register).
+        if (ig_intr_md.ingress_port != CPU_PORT_NUM) {
+            edge_guard.apply(hdr, meta);
+        }
         hot_sketch_config.apply(meta);
         if (hdr.kvp.isValid()) {
             kvp_validate.apply(hdr, meta);
@@ -134,7 +141,9 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         if ((meta.op_write && meta.port_role == PORT_ROLE_FANOUT) || meta.hit) {
             fragments.apply(hdr, meta, meta.slot_addr, meta.op_write);
         }
-        if (ig_prsr_md.parser_err != 0 || (hdr.ipv4.isValid() && meta.checksum_error)) {
+        if (meta.drop) {
+            // Refused at the edge.
+        } else if (ig_prsr_md.parser_err != 0 || (hdr.ipv4.isValid() && meta.checksum_error)) {
             drop(DROP_MALFORMED);
         } else if (hdr.ipv4.isValid() && (hdr.ipv4.version != 4 || hdr.ipv4.ihl != 5)) {
             drop(DROP_MALFORMED);
@@ -168,8 +177,6 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                 drop(DROP_MALFORMED);  // payload_len > FRAG_BYTES
             } else if (!meta.op_get && !meta.op_write && meta.overrun != 0) {
                 drop(DROP_MALFORMED);  // payload_len > the KVP bytes
-            } else if (meta.port_role == PORT_ROLE_DENY && !meta.from_cpu) {
-                drop(DROP_UNAUTHORIZED);
             } else if (hdr.kvp.op == KVP_OP_WRITE) {
                 if (meta.port_role == PORT_ROLE_FANOUT) {
                     // Stored in this pipe: acknowledge to the control plane (PacketIn from this

@@ -15,6 +15,7 @@
 #include "v1model/include/parser.p4"
 #include "v1model/include/control/stats.p4"
 #include "v1model/include/control/port_role.p4"
+#include "v1model/include/control/edge_guard.p4"
 #include "v1model/include/control/kvp_validate.p4"
 #include "v1model/include/control/cache.p4"
 #include "v1model/include/control/fragment_store.p4"
@@ -27,6 +28,7 @@
 control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                       inout standard_metadata_t std) {
     PortRole() port_role;
+    EdgeGuard() edge_guard;
     KvpValidate() kvp_validate;
     CacheLookup() cache;
     FragmentStore() fragments;
@@ -47,7 +49,17 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
     }
 
     apply {
-        if (std.parser_error != error.NoError || std.checksum_error == 1) {
+        if (std.ingress_port != CPU_PORT_NUM) {
+            // Every packet from a data port: its role, and for a bound host port the address
+            // it must send from. The edge guard runs first, on whatever the frame is: a DENY
+            // port sends nothing, a host port only ARP and unfragmented IPv4.
+            port_role.apply(hdr, meta, std);
+            edge_guard.apply(hdr, meta);
+        }
+
+        if (meta.drop) {
+            // Refused at the edge.
+        } else if (std.parser_error != error.NoError || std.checksum_error == 1) {
             drop(DROP_MALFORMED);
         } else if (hdr.ipv4.isValid() && (hdr.ipv4.version != 4 || hdr.ipv4.ihl != 5)) {
             drop(DROP_MALFORMED);
@@ -62,9 +74,7 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         }
 
         if (!meta.drop && !meta.done && !meta.from_cpu) {
-            // Every packet from a data port: its role, and for a bound host port the address
-            // it must send from (anti-spoofing for all IPv4, not only KVP).
-            port_role.apply(hdr, meta, std);
+            // Anti-spoofing for all IPv4 from a bound host port, not only KVP.
             if (meta.bound && hdr.ipv4.isValid() && hdr.ipv4.src_addr != meta.bound_addr) {
                 drop(DROP_SPOOFED);
             }
@@ -75,9 +85,7 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         }
 
         if (!meta.drop && !meta.done && hdr.kvp.isValid()) {
-            if (meta.port_role == PORT_ROLE_DENY && !meta.from_cpu) {
-                drop(DROP_UNAUTHORIZED);
-            } else if (hdr.kvp.op == KVP_OP_WRITE) {
+            if (hdr.kvp.op == KVP_OP_WRITE) {
                 if (!meta.from_cpu) {
                     drop(DROP_UNAUTHORIZED);
                 } else if (hdr.kvp.index >= NUM_FRAG_SLOTS) {
@@ -175,7 +183,7 @@ control KvcastEgress(inout headers_t hdr, inout local_metadata_t meta,
             exit;
         }
         if (std.egress_rid != 0 && hdr.kvp.isValid()) {
-            replica.apply(hdr, meta, std);
+            replica.apply(hdr, meta, std.egress_rid);
         }
         if (std.egress_port == CPU_PORT_NUM) {
             hdr.packet_in.setValid();

@@ -37,11 +37,6 @@ pytestmark = pytest.mark.slow
 SEQUENCE = Path(__file__).with_name("shell_sequence.py")
 
 KNOWN_DIFFERENCES = {
-    "read default port_role": (
-        "the reference target's own default for a port nobody configured is DENY (issue 27, "
-        "refswitch/pipeline.py initial_defaults); the committed P4 programs still say an "
-        "unbound HOST port (docs/security.md, what the P4 programs still need)"
-    ),
     "insert normal entry in keyless table": (
         "both refuse it; BMv2 reports its target's failure as UNKNOWN, the reference target "
         "the spec's INVALID_ARGUMENT"

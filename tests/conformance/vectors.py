@@ -10,9 +10,8 @@ a pool node and a port the controller denies), routes, multicast groups with the
 hosts' source bindings (host 2 also bound to its tenant, hosts 1 and 3 to any tenant), and one
 chunk loaded through WRITE PacketOuts.
 
-Vectors of behaviour the committed P4 programs do not have yet (the reference target's edge
-guard, refswitch/edge.py) name what they need in ``needs_p4``: they run against the reference
-target and are skipped on BMv2 until p4c rebuilds the program with that change.
+The edge guard's vectors (:func:`edge_vectors`) send every class of frame a host can send;
+each target drops them under the program's own drop reasons (EdgeGuard in p4src, refswitch/edge.py).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
 from kvcast.wire import KvpHeader
-from refswitch.edge import EdgeReason as R
 
 CPU = c.CPU_PORT_NUM
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -46,10 +44,8 @@ BOUND_HOST = 2
 DENY_PORT = 5
 DENY_MAC, DENY_IP = "00:00:00:00:00:05", "10.0.0.5"
 # A port with no port_role entry and no default written by the controller: the data plane's own
-# default decides (DENY on the reference target; the committed P4 programs still say HOST).
+# default decides (DENY, on every target).
 UNKNOWN_PORT = 6
-# What the edge-guard vectors need of the P4 programs (docs/security.md, open work).
-NEEDS_EDGE_GUARD = "default-deny edge guard (port_role default DENY, host ports take ARP and IPv4)"
 
 # The chunk loaded by program_switch: three fragments, the last one short.
 CHUNK_KEY = 0x1122334455667788
@@ -80,8 +76,6 @@ class Step:
         counters: (counter, index) -> expected change.
         digests: expected hot-miss digest rows (tenant, key, estimate).
         out_port: packet_out egress_port metadata for CPU steps.
-        edge: EdgeReason -> expected change of the reference target's edge counter (not in the
-            P4Info: checked where the target exposes it, the in-process reference target).
     """
 
     port: int
@@ -90,7 +84,6 @@ class Step:
     counters: dict[tuple[str, int], int] = field(default_factory=dict)
     digests: list[tuple[int, int, int]] = field(default_factory=list)
     out_port: int = 0
-    edge: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,14 +94,11 @@ class Vector:
         name: the vector's name (the test id).
         steps: the packets, in order.
         setup: extra programming before the steps.
-        needs_p4: empty if the committed P4 programs do this; else the P4 change it needs (the
-            vector is then skipped on BMv2).
     """
 
     name: str
     steps: list[Step]
     setup: Callable[[P4RuntimeClient], None] | None = None
-    needs_p4: str = ""
 
 
 def drop(reason: int) -> dict[tuple[str, int], int]:
@@ -608,6 +598,7 @@ def build_vectors() -> list[Vector]:
     v.append(Vector("hot_uncached_key_is_reported_once", hot_steps))
     v.extend(_security_vectors())
     v.extend(edge_vectors())
+    v.append(_report_row_vector())
     v.append(_independent_rows_vector())
     return v
 
@@ -753,6 +744,29 @@ def _independent_rows_vector() -> Vector:
     return Vector("sketch_rows_do_not_share_collisions", steps)
 
 
+# A key of HOT_TENANT and one of REPORT_ATTACKER_TENANT that share the report cell and no sketch
+# row cell, and no cell with the other vectors' keys (found by search with sketch_indices; the
+# test checks they still do).
+REPORT_ATTACKER_TENANT = 9  # host 1's port may ask for any tenant
+REPORT_VICTIM_KEY, REPORT_ATTACKER_KEY = 0xED1BBBB90B, 0x7DB793FB82
+
+
+def _report_row_vector() -> Vector:
+    """Another tenant's key reported first on a victim's report cell does not hide the victim."""
+    steps = []
+    for host, tenant, key, req in (
+        (1, REPORT_ATTACKER_TENANT, REPORT_ATTACKER_KEY, 70),
+        (3, HOT_TENANT, REPORT_VICTIM_KEY, 80),
+    ):
+        for n in range(HOT_THRESHOLD):
+            f = _get(host, key, 0, req_id=req + n, tenant=tenant)
+            steps.append(Step(host, f, [_pool_get(f)], event(c.EV_GET_MISS)))
+        last = steps[-1]
+        last.counters = {(IG_EVENTS, c.EV_GET_MISS): 1, (IG_EVENTS, c.EV_HOT_DIGEST): 1}
+        last.digests = [(tenant, key, HOT_THRESHOLD)]
+    return Vector("another_tenants_key_on_the_report_cell_does_not_hide_a_key", steps)
+
+
 def arp_frame(
     i: int, dst_mac: str, sender_ip: str, target_ip: str, op: int = 2, ptype: int = 0x0800
 ) -> bytes:
@@ -793,17 +807,12 @@ def _tagged(frame: bytes, *tags: tuple[int, int]) -> bytes:
     return frame[:12] + inserted + frame[12:]
 
 
-def _edge_drop(reason: int) -> dict[int, int]:
-    return {reason: 1}
-
-
 def edge_vectors() -> list[Vector]:
     """Default-deny at the edge: one vector per class of frame a host can send.
 
     Every frame carries an attack that the IPv4 checks stop (a forged DATA or NACK into host 2,
     a GET for a tenant host 2 is not bound to) or is otherwise nothing a host needs to send; each
-    must be dropped with nothing out, the program's counters unchanged, and the edge counter's
-    reason counted (refswitch/edge.py).
+    must be dropped with nothing out and counted under its own drop reason (EdgeGuard).
     """
     v: list[Vector] = []
     forged_data = host_frame(
@@ -821,43 +830,33 @@ def edge_vectors() -> list[Vector]:
     other_tenant = _get(BOUND_HOST, CHUNK_KEY, 0, req_id=70, tenant=TENANT + 1)
     # The same attacks behind every tag a Linux host can put on a frame.
     tag_steps = [
-        Step(1, _tagged(forged_data, (0x8100, 0)), edge=_edge_drop(R.VLAN)),
-        Step(1, _tagged(forged_data, (0x8100, 42)), edge=_edge_drop(R.VLAN)),
-        Step(1, _tagged(forged_nack, (0x88A8, 7)), edge=_edge_drop(R.VLAN)),
-        Step(1, _tagged(forged_data, (0x88A8, 7), (0x8100, 42)), edge=_edge_drop(R.VLAN)),
-        Step(1, _tagged(forged_data, (0x9100, 7)), edge=_edge_drop(R.VLAN)),
-        Step(2, _tagged(other_tenant, (0x8100, 1)), edge=_edge_drop(R.VLAN)),
+        Step(1, _tagged(forged_data, (0x8100, 0)), counters=drop(c.DROP_VLAN)),
+        Step(1, _tagged(forged_data, (0x8100, 42)), counters=drop(c.DROP_VLAN)),
+        Step(1, _tagged(forged_nack, (0x88A8, 7)), counters=drop(c.DROP_VLAN)),
+        Step(1, _tagged(forged_data, (0x88A8, 7), (0x8100, 42)), counters=drop(c.DROP_VLAN)),
+        Step(1, _tagged(forged_data, (0x9100, 7)), counters=drop(c.DROP_VLAN)),
+        Step(2, _tagged(other_tenant, (0x8100, 1)), counters=drop(c.DROP_VLAN)),
     ]
-    v.append(
-        Vector("vlan_tagged_frames_from_a_host_are_dropped", tag_steps, needs_p4=NEEDS_EDGE_GUARD)
-    )
+    v.append(Vector("vlan_tagged_frames_from_a_host_are_dropped", tag_steps))
     ipv6_udp = _ipv6_udp(
         1, c.KVP_UDP_PORT, HOSTS[2][2], wire.data_message(TENANT, CHUNK_KEY, 0, 3, b"evil")
     )
-    v.append(
-        Vector(
-            "ipv6_from_a_host_is_dropped",
-            [Step(1, ipv6_udp, edge=_edge_drop(R.IPV6))],
-            needs_p4=NEEDS_EDGE_GUARD,
-        )
-    )
+    v.append(Vector("ipv6_from_a_host_is_dropped", [Step(1, ipv6_udp, counters=drop(c.DROP_IPV6))]))
     label = (16 << 12 | 1 << 8 | 64).to_bytes(4, "big")  # label 16, bottom of stack, TTL 64
     v.append(
         Vector(
             "mpls_from_a_host_is_dropped",
             [
-                Step(1, _l2(1, 0x8847, label + forged_data[14:]), edge=_edge_drop(R.MPLS)),
-                Step(1, _l2(1, 0x8848, label + forged_nack[14:]), edge=_edge_drop(R.MPLS)),
+                Step(1, _l2(1, 0x8847, label + forged_data[14:]), counters=drop(c.DROP_MPLS)),
+                Step(1, _l2(1, 0x8848, label + forged_nack[14:]), counters=drop(c.DROP_MPLS)),
             ],
-            needs_p4=NEEDS_EDGE_GUARD,
         )
     )
     llc = b"\xaa\xaa\x03\x00\x00\x00\x08\x00" + forged_data[14:]  # SNAP carrying IPv4
     v.append(
         Vector(
             "llc_frames_from_a_host_are_dropped",
-            [Step(1, _l2(1, len(llc), llc, HOSTS[2][0]), edge=_edge_drop(R.LLC))],
-            needs_p4=NEEDS_EDGE_GUARD,
+            [Step(1, _l2(1, len(llc), llc, HOSTS[2][0]), counters=drop(c.DROP_LLC))],
         )
     )
     pppoe = b"\x11\x00\x00\x01" + (len(forged_data) - 12).to_bytes(2, "big") + b"\x00\x21"
@@ -870,8 +869,7 @@ def edge_vectors() -> list[Vector]:
     v.append(
         Vector(
             "other_ethertypes_from_a_host_are_dropped",
-            [Step(1, f, edge=_edge_drop(R.OTHER_ETHERTYPE)) for f in others],
-            needs_p4=NEEDS_EDGE_GUARD,
+            [Step(1, f, counters=drop(c.DROP_OTHER_ETHERTYPE)) for f in others],
         )
     )
     spoofed_arp = arp_frame(1, HOSTS[2][0], POOL_IP, HOSTS[2][1])
@@ -881,11 +879,10 @@ def edge_vectors() -> list[Vector]:
         Vector(
             "arp_that_is_malformed_or_spoofed_is_dropped",
             [
-                Step(1, spoofed_arp, edge=_edge_drop(R.ARP_SPOOFED)),
-                Step(1, not_ipv4_arp, edge=_edge_drop(R.ARP_MALFORMED)),
-                Step(1, zero_arp, edge=_edge_drop(R.ARP_MALFORMED)),
+                Step(1, spoofed_arp, counters=drop(c.DROP_ARP_SPOOFED)),
+                Step(1, not_ipv4_arp, counters=drop(c.DROP_ARP_MALFORMED)),
+                Step(1, zero_arp, counters=drop(c.DROP_ARP_MALFORMED)),
             ],
-            needs_p4=NEEDS_EDGE_GUARD,
         )
     )
     first = _mutate(forged_data, 20, (0x2000).to_bytes(2, "big"))  # MF, offset 0
@@ -895,11 +892,10 @@ def edge_vectors() -> list[Vector]:
         Vector(
             "ipv4_fragments_from_a_host_are_dropped",
             [
-                Step(1, first, edge=_edge_drop(R.IPV4_FRAGMENT)),
-                Step(1, later, edge=_edge_drop(R.IPV4_FRAGMENT)),
-                Step(1, plain_later, edge=_edge_drop(R.IPV4_FRAGMENT)),
+                Step(1, first, counters=drop(c.DROP_IPV4_FRAGMENT)),
+                Step(1, later, counters=drop(c.DROP_IPV4_FRAGMENT)),
+                Step(1, plain_later, counters=drop(c.DROP_IPV4_FRAGMENT)),
             ],
-            needs_p4=NEEDS_EDGE_GUARD,
         )
     )
     # IPv4 with options: both programs drop it as malformed (they cannot fix its checksum).
@@ -933,15 +929,13 @@ def edge_vectors() -> list[Vector]:
     v.append(
         Vector(
             "denied_port_sends_nothing",
-            [Step(DENY_PORT, f, edge=_edge_drop(R.PORT_DENIED)) for f in denied],
-            needs_p4=NEEDS_EDGE_GUARD,
+            [Step(DENY_PORT, f, counters=drop(c.DROP_PORT_DENIED)) for f in denied],
         )
     )
     v.append(
         Vector(
             "unknown_port_is_denied_by_the_data_plane",
-            [Step(UNKNOWN_PORT, f, edge=_edge_drop(R.PORT_DENIED)) for f in denied],
-            needs_p4=NEEDS_EDGE_GUARD,
+            [Step(UNKNOWN_PORT, f, counters=drop(c.DROP_PORT_DENIED)) for f in denied],
         )
     )
     return v

@@ -361,6 +361,15 @@ def test_counters_are_read_by_reason_and_event_name(refswitch: RefSwitch) -> Non
                 "spoofed": 0,
                 "bad_tenant": 0,
                 "bad_group": 0,
+                "port_denied": 0,
+                "vlan": 0,
+                "ipv6": 0,
+                "mpls": 0,
+                "llc": 0,
+                "other_ethertype": 0,
+                "arp_malformed": 0,
+                "arp_spoofed": 0,
+                "ipv4_fragment": 0,
             }
             assert counters.events["get_miss"] == 1
             assert sum(counters.events.values()) == 1

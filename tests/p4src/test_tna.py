@@ -35,7 +35,10 @@ from kvcast.tools.tofino_summary import summarize
 TOFINO_BUILD = REPO / "p4src" / "build" / "tofino"
 
 TNA_MAIN = REPO / "p4src" / "tna" / "kvcast.p4"
-TNA_SOURCES = sorted((REPO / "p4src" / "tna").rglob("*.p4"))
+# The TNA program's own files and the controls it shares with the v1model program.
+TNA_SOURCES = sorted((REPO / "p4src" / "tna").rglob("*.p4")) + sorted(
+    (REPO / "p4src" / "shared" / "control").rglob("*.p4")
+)
 
 # v1model entities the TNA program does not have, and why.
 ABSENT_ON_TOFINO = {

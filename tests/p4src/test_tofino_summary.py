@@ -2,9 +2,10 @@
 
 The summary is written by ``make p4-tofino`` (kvcast.tools.tofino_summary) from the compiler's own
 resource report. These tests need no compiler: they recompute the sources' hash (a source change
-without a new compile fails here), hold the summary to the chip's budget, and check that
-docs/tofino.md quotes it. Where the compiler exists, tests/p4src/test_tna.py recompiles and
-compares.
+without a new compile fails here, unless ``uncompiled.json`` records it: which sources were
+compiled, which are committed, and that docs/tofino.md says so), hold the summary to the chip's
+budget, and check that docs/tofino.md quotes it. Where the compiler exists,
+tests/p4src/test_tna.py recompiles and compares.
 """
 
 from __future__ import annotations
@@ -29,10 +30,24 @@ def summary() -> dict[str, Any]:
 
 
 def test_the_summary_was_made_from_todays_sources(summary: dict[str, Any]) -> None:
-    assert summary["source_sha256"] == source_sha256(), (
+    uncompiled = BUILD / "uncompiled.json"
+    now = source_sha256()
+    if summary["source_sha256"] == now:
+        assert not uncompiled.exists(), "the summary is fresh: remove uncompiled.json"
+        return
+    assert uncompiled.exists(), (
         f"{' and '.join(SOURCE_DIRS)} changed since p4src/build/tofino was written: "
-        "run `make p4-tofino` (docs/tofino.md) and commit p4src/build/tofino"
+        "run `make p4-tofino` (docs/tofino.md) and commit p4src/build/tofino; without bf-p4c, "
+        f"record the change in {uncompiled.name} (source_sha256 {now}) and in docs/tofino.md"
     )
+    record = json.loads(uncompiled.read_text())
+    assert record["compiled_source_sha256"] == summary["source_sha256"]
+    assert record["source_sha256"] == now, (
+        f"sources changed again since {uncompiled.name} was written: run `make p4-tofino`, or "
+        f"record source_sha256 {now} there with what changed"
+    )
+    assert record["changes"], "say what was not compiled"
+    assert uncompiled.name in (REPO / "docs" / "tofino.md").read_text()
 
 
 def test_the_hash_covers_every_source_file(tmp_path: Path) -> None:

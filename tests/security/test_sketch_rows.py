@@ -19,6 +19,9 @@ from tests.conformance.vectors import (
     HOSTS,
     HOT_TENANT,
     HOT_THRESHOLD,
+    REPORT_ATTACKER_KEY,
+    REPORT_ATTACKER_TENANT,
+    REPORT_VICTIM_KEY,
     ROW0_TWIN_KEYS,
     SWITCH_MAC,
     VIP,
@@ -69,6 +72,13 @@ def test_the_twin_keys_of_the_conformance_vector_share_row_0_only() -> None:
     first, twin = (sketch_indices(HOT_TENANT, k) for k in ROW0_TWIN_KEYS)
     assert first[0] == twin[0]
     assert all(a != b for a, b in zip(first[1:], twin[1:], strict=True))
+
+
+def test_the_report_row_vectors_keys_share_the_report_cell_only() -> None:
+    victim = sketch_indices(HOT_TENANT, REPORT_VICTIM_KEY)
+    attacker = sketch_indices(REPORT_ATTACKER_TENANT, REPORT_ATTACKER_KEY)
+    assert victim[3] == attacker[3]
+    assert all(a != b for a, b in zip(victim[:3], attacker[:3], strict=True))
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ struct headers_t {
     packet_out_t packet_out;
     packet_in_t  packet_in;
     ethernet_t   ethernet;
+    arp_t        arp;
     ipv4_t       ipv4;
     udp_t        udp;
     kvp_t        kvp;
@@ -28,6 +29,10 @@ struct headers_t {
 
 struct local_metadata_t {
     bit<8>       port_role;
+    // Set by the parser for a frame a host port must not send (neither IPv4 nor ARP), with the
+    // drop reason of its EtherType class; the edge guard drops it.
+    bool         edge_foreign;
+    bit<32>      edge_reason;
     // Source binding of a host port (PortRole), whether the GET's tenant and group are listed
     // for the port, and the XOR of the source address with the bound one.
     bool         bound;
@@ -77,6 +82,7 @@ struct local_metadata_t {
     bit<32>      hot_threshold;  // the threshold, as the digest carries it
     bit<16>      sketch_window;
     bit<32>      report_mark;
+    bit<32>      report_tenant;  // the GET's tenant, as the report row's high word keeps it
     bit<16>      sketch_c0;  // the rows' counts of this key in this window
     bit<16>      sketch_c1;
     bit<16>      sketch_c2;

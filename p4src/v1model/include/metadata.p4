@@ -8,6 +8,7 @@ struct headers_t {
     packet_out_t packet_out;
     packet_in_t  packet_in;
     ethernet_t   ethernet;
+    arp_t        arp;
     ipv4_t       ipv4;
     udp_t        udp;
     kvp_t        kvp;
@@ -16,6 +17,10 @@ struct headers_t {
 
 struct local_metadata_t {
     bit<8>       port_role;
+    // Set by the parser for a frame a host port must not send (neither IPv4 nor ARP), with the
+    // drop reason of its EtherType class; the edge guard drops it.
+    bool         edge_foreign;
+    bit<32>      edge_reason;
     // Source binding of a host port (PortRole): its address, whether its tenants are checked,
     // and the verdicts of the tenant and group checks for this packet.
     bool         bound;

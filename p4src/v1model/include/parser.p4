@@ -18,10 +18,58 @@ parser KvcastParser(packet_in packet, out headers_t hdr, inout local_metadata_t 
 
     state parse_ethernet {
         packet.extract(hdr.ethernet);
+        // Nothing after a tag or any other EtherType is parsed: from a host port the edge
+        // guard drops it by its class, from a pool port l2_fwd switches it.
         transition select(hdr.ethernet.ether_type) {
             ETHERTYPE_IPV4: parse_ipv4;
-            default: accept;
+            ETHERTYPE_ARP: parse_arp;
+            ETHERTYPE_VLAN: foreign_vlan;
+            ETHERTYPE_QINQ: foreign_vlan;
+            ETHERTYPE_QINQ_9100: foreign_vlan;
+            ETHERTYPE_QINQ_9200: foreign_vlan;
+            ETHERTYPE_IPV6: foreign_ipv6;
+            ETHERTYPE_MPLS: foreign_mpls;
+            ETHERTYPE_MPLS_MCAST: foreign_mpls;
+            // 0x0000-0x05ff: an 802.3 length.
+            16w0x0000 &&& 16w0xFC00: foreign_llc;
+            16w0x0400 &&& 16w0xFE00: foreign_llc;
+            default: foreign_other;
         }
+    }
+
+    state parse_arp {
+        packet.extract(hdr.arp);
+        transition accept;
+    }
+
+    state foreign_vlan {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_VLAN;
+        transition accept;
+    }
+
+    state foreign_ipv6 {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_IPV6;
+        transition accept;
+    }
+
+    state foreign_mpls {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_MPLS;
+        transition accept;
+    }
+
+    state foreign_llc {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_LLC;
+        transition accept;
+    }
+
+    state foreign_other {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_OTHER_ETHERTYPE;
+        transition accept;
     }
 
     state parse_ipv4 {
@@ -89,6 +137,7 @@ control KvcastDeparser(packet_out packet, in headers_t hdr) {
     apply {
         packet.emit(hdr.packet_in);
         packet.emit(hdr.ethernet);
+        packet.emit(hdr.arp);
         packet.emit(hdr.ipv4);
         packet.emit(hdr.udp);
         packet.emit(hdr.kvp);

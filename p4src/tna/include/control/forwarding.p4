@@ -1,57 +1,8 @@
-/* Forwarding: L3 (IPv4 longest prefix) for IP traffic and L2 (destination MAC) for the rest. */
+/* Forwarding (TNA): the shared control (p4src/shared/control/forwarding.p4). */
 #ifndef _KVCAST_TNA_FORWARDING_P4_
 #define _KVCAST_TNA_FORWARDING_P4_
 
-control Forwarding(inout headers_t hdr, inout local_metadata_t meta,
-                   inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
-    action no_route() {
-        meta.drop = true;
-        meta.drop_reason = DROP_NO_ROUTE;
-    }
-
-    action route(PortId_t port, mac_addr_t smac, mac_addr_t dmac) {
-        ig_tm_md.ucast_egress_port = port;
-        hdr.ethernet.src_addr = smac;
-        hdr.ethernet.dst_addr = dmac;
-        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
-    }
-
-    table ipv4_lpm {
-        key = { hdr.ipv4.dst_addr: lpm @name("dst_addr"); }
-        actions = {
-            route;
-            @defaultonly no_route;
-        }
-        const default_action = no_route();
-        size = IPV4_ROUTES;
-    }
-
-    action l2_forward(PortId_t port) {
-        ig_tm_md.ucast_egress_port = port;
-    }
-
-    table l2_fwd {
-        key = { hdr.ethernet.dst_addr: exact @name("dst_addr"); }
-        actions = {
-            l2_forward;
-            @defaultonly no_route;
-        }
-        const default_action = no_route();
-        size = L2_ENTRIES;
-    }
-
-    apply {
-        if (hdr.ipv4.isValid()) {
-            if (hdr.ipv4.ttl <= 1) {
-                meta.drop = true;
-                meta.drop_reason = DROP_TTL_EXPIRED;
-            } else {
-                ipv4_lpm.apply();
-            }
-        } else {
-            l2_fwd.apply();
-        }
-    }
-}
+#include "tna/include/arch.p4"
+#include "shared/control/forwarding.p4"
 
 #endif  // _KVCAST_TNA_FORWARDING_P4_

@@ -8,8 +8,9 @@
  * nothing has to be reset. The control plane opens a window by writing a new window id into
  * sketch_config's default action. The rows hash with different functions (CRC-32, CRC-16, and
  * CRC-32 over the fields in another order), and a fourth register marks the window in which a
- * key hashed there was reported, so a key is reported once from the threshold on, even if
- * another key already pushed its shared cells past it.
+ * key hashed there was reported and its tenant, so a key is reported once from the threshold on,
+ * even if another key already pushed its shared cells past it, and another tenant's key on the
+ * cell cannot hide it.
  */
 #ifndef _KVCAST_TNA_HOT_SKETCH_P4_
 #define _KVCAST_TNA_HOT_SKETCH_P4_
@@ -70,6 +71,12 @@ control SketchConfig(inout local_metadata_t meta) {
 
 // The rows count a GET when the caller has set meta.count_miss (a GET that missed and that no
 // check refused), after SketchConfig has read the threshold and window.
+// A report-row cell: the window mark (low) and the tenant reported (high).
+struct report_cell_t {
+    bit<32> lo;
+    bit<32> hi;
+}
+
 control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
                       inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
     SketchRow() row0;
@@ -79,13 +86,16 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
     Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash1;
     Hash<cms_index_t>(HashAlgorithm_t.CRC32) hash2;
     Hash<cms_index_t>(HashAlgorithm_t.CRC16) hash_r;
-    // Per cell: 1 above the window id in which a key hashed here was last reported.
-    Register<bit<32>, cms_index_t>(CMS_WIDTH) reported;
+    // Per cell, a pair: the low word 1 above the window id in which a key hashed here was last
+    // reported, the high word the tenant it was reported for, so that another tenant's key on
+    // the cell cannot mark it for a victim (docs/security.md, the report row's bound).
+    Register<report_cell_t, cms_index_t>(CMS_WIDTH) reported;
 
-    RegisterAction<bit<32>, cms_index_t, bit<8>>(reported) mark_reported = {
-        void apply(inout bit<32> cell, out bit<8> first) {
-            if (cell != meta.report_mark) {
-                cell = meta.report_mark;
+    RegisterAction<report_cell_t, cms_index_t, bit<8>>(reported) mark_reported = {
+        void apply(inout report_cell_t cell, out bit<8> first) {
+            if (cell.lo != meta.report_mark || cell.hi != meta.report_tenant) {
+                cell.lo = meta.report_mark;
+                cell.hi = meta.report_tenant;
                 first = 1;
             } else {
                 first = 0;
@@ -97,6 +107,7 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
     // differences from the threshold, zero when a count reaches it; two in one stage, the
     // third in the next, and the condition tests fields rather than arithmetic.
     action short_of_threshold() {
+        meta.report_tenant = (bit<32>)hdr.kvp.tenant;
         meta.sketch_min01 = min(meta.sketch_c0, meta.sketch_c1);
         meta.sketch_short2 = meta.sketch_threshold |-| meta.sketch_c2;
     }

@@ -22,8 +22,9 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in PortId_t ingr
     table port_role {
         key = { ingress_port: exact @name("port"); }
         actions = { set_port_role; bind_host; }
-        // An unknown port is an unbound host until the controller makes unknown ports DENY.
-        default_action = set_port_role(PORT_ROLE_HOST);
+        // Default-deny: a port nobody configured sends nothing, whatever the controller writes
+        // (or fails to write) as the default.
+        default_action = set_port_role(PORT_ROLE_DENY);
         size = PORT_ENTRIES;
     }
 

@@ -11,8 +11,10 @@
  * The rows use different hash functions (CRC-32, CRC-16, and CRC-32 over the fields in another
  * order): with one function and a per-row salt, CRC being affine, two keys that collide in one
  * row collide in all. A key is reported when its estimate is at or above the threshold and the
- * report row (a fourth hash) has not yet reported it in this window, so a key whose shared cells
- * another key already pushed past the threshold is still reported.
+ * report row (a fourth hash) has not yet reported it for its tenant in this window, so a key
+ * whose shared cells another key already pushed past the threshold is still reported, and a key
+ * of another tenant on the same report cell cannot hide it (docs/security.md, the report row's
+ * bound).
  */
 #ifndef _KVCAST_HOT_SKETCH_P4_
 #define _KVCAST_HOT_SKETCH_P4_
@@ -39,8 +41,9 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta) {
     SketchRow() row0;
     SketchRow() row1;
     SketchRow() row2;
-    // Per cell: 1 above the window id in which a key hashed here was last reported.
-    register<bit<32>>(CMS_WIDTH) reported;
+    // Per cell: a valid bit (bit 32), the tenant last reported here (bits 31-16) and the window
+    // id it was reported in (bits 15-0).
+    register<bit<64>>(CMS_WIDTH) reported;
 
     action set_sketch_config(bit<16> threshold, bit<16> window) {
         meta.hot_threshold = threshold;
@@ -84,10 +87,11 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta) {
             estimate = c2;
         }
         if (estimate >= meta.hot_threshold) {
-            bit<32> mark;
+            bit<64> mark;
+            bit<64> own = 31w0 ++ 1w1 ++ hdr.kvp.tenant ++ window;
             reported.read(mark, ir);
-            if (mark != 16w1 ++ window) {
-                reported.write(ir, 16w1 ++ window);
+            if (mark != own) {
+                reported.write(ir, own);
                 digest<hot_miss_digest_t>(HOT_MISS_DIGEST_RECEIVER,
                     { hdr.kvp.tenant, hdr.kvp.key, (bit<32>)estimate });
                 meta.hot_reported = true;

@@ -1,9 +1,9 @@
 /*
  * PortRole: who is on the other end of the ingress port, and what it may claim. A pool port may
  * send DATA and NACK (and feed a group); a bound host port may only send from its own IPv4
- * address and ask for the tenants bound to it; a DENY port may send no KVP at all; an unbound
- * host port (the program's default, until the controller makes unknown ports DENY) is checked
- * for role only. docs/security.md gives the threat model.
+ * address and ask for the tenants bound to it; an unbound host port (set_port_role HOST) is
+ * checked for role only; a DENY port, the program's default for a port nobody configured,
+ * sends nothing (EdgeGuard). docs/security.md gives the threat model.
  */
 #ifndef _KVCAST_PORT_ROLE_P4_
 #define _KVCAST_PORT_ROLE_P4_
@@ -25,9 +25,9 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in standard_meta
     table port_role {
         key = { std.ingress_port: exact @name("port"); }
         actions = { set_port_role; bind_host; }
-        // An unknown port is an unbound host: it may read the cache but not feed a group. The
-        // controller replaces this default with set_port_role(PORT_ROLE_DENY).
-        default_action = set_port_role(PORT_ROLE_HOST);
+        // Default-deny: a port nobody configured sends nothing, whatever the controller writes
+        // (or fails to write) as the default.
+        default_action = set_port_role(PORT_ROLE_DENY);
         size = PORT_ENTRIES;
     }
 
