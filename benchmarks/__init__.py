@@ -9,6 +9,10 @@ module defines either
   empty list marks a tool a suite runs (``loopback``: the fetch client against a loopback pool
   server and the probe ``hostagent_fetch`` starts inside an emulated host).
 
+A module with neither is a part of a suite: ``udp_feed`` (the native sender) and the
+``hostagent_fetch_*`` modules (``switch``, ``pool``, ``datapath``: the measurements whose lines
+the ``hostagent_fetch`` suite prints).
+
 Result lines are parseable: ``bench <suite> key=value key=value ...`` (values without spaces),
 for example ``bench policies workload=conversation budget=512 policy=kvcast byte_hit=0.0707
 ratio_to_opt=0.511``. Other printed lines (``# ...`` comments, tables) are for people only.

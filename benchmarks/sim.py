@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 
 from benchmarks import bench_line
-from experiments.sim.cluster import ClusterConfig, ClusterSim
+from experiments.sim.cluster import ClusterSim
+from experiments.sim.cluster_config import ClusterConfig
 from experiments.sim.hardware import MODELS
 from experiments.sim.workloads import load_trace
 from experiments.traces import default_trace_path

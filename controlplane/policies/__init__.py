@@ -13,7 +13,9 @@ Importing this package registers every built-in policy:
 * ``kvcast`` (:class:`~controlplane.policies.kvcast.KvcastPolicy`): decayed, host-weighted
   value per SRAM byte, each access weighted by the learned return rate of its class (access
   count x reuse gap, or the parent's popularity in the prefix tree at first sight),
-  prefix-closed, with hysteresis; the controller's default policy.
+  prefix-closed, with hysteresis; the controller's default policy. Its C record path's
+  binding is :mod:`controlplane.policies.kvcast_native`, the ghost caches of its shadow
+  rankings :mod:`controlplane.policies.kvcast_shadows`.
 * ``adaptive`` (:class:`~controlplane.policies.adaptive.AdaptivePolicy`): kvcast's
   statistics with the eviction order learned online among three experts (kvcast's score,
   recency, aged frequency) from the misses each expert's decisions caused (LeCaR's regret).

@@ -53,25 +53,24 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
 
 Batch path: ``record_many`` and ``record_arrays`` run the per-access update in C
-(``controlplane.policies._kvcast_native``, built by ``pip install -e .``) when it is built and
-``KVCAST_NATIVE`` is not ``0``: the same operations in the same order, so the statistics, the
-ranking and every decision are those of the Python path, bit for bit (tested both ways). An
-access the C loop cannot take exactly as Python would (a subclass of Access, a non-int key, a
-value outside 64 bits, a malformed one) goes through the Python path.
+(``controlplane.policies._kvcast_native``, built by ``pip install -e .``; its binding is
+:mod:`controlplane.policies.kvcast_native`) when it is built and ``KVCAST_NATIVE`` is not ``0``:
+the same operations in the same order, so the statistics, the ranking and every decision are
+those of the Python path, bit for bit (tested both ways). An access the C loop cannot take
+exactly as Python would (a subclass of Access, a non-int key, a value outside 64 bits, a
+malformed one) goes through the Python path. The ghost caches of the shadow rankings are in
+:mod:`controlplane.policies.kvcast_shadows`.
 
 Classes:
-    KvcastPolicy: the policy (registered as ``"kvcast"``).
+    KvcastPolicy: the policy (registered as ``"kvcast"``): the scores, the online decision,
+        the batch re-select and the ranking.
 """
 
 from __future__ import annotations
 
 import heapq
-import importlib
 import itertools
 import math
-import os
-from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -79,42 +78,15 @@ import numpy as np
 from controlplane.policies.base import (
     NO_CHANGE,
     Access,
-    AccessColumns,
-    CachePolicy,
     Decision,
-    InvalidAccessError,
     PolicyConfigError,
     Ranked,
     register_policy,
 )
+from controlplane.policies.kvcast_native import NativeRecordPolicy, native_record
+from controlplane.policies.kvcast_shadows import LONG_MEMORY, SEGMENT, VARIANTS, Shadows
 
-__all__ = ["KvcastPolicy", "native_record"]
-
-_NATIVE_STATE = (
-    "_clock_t",
-    "_clock_v",
-    "_half_life",
-    "_log_gap",
-    "_gap_samples",
-    "_cls_samples",
-    "_latest",
-)
-"""The scalar state the C loop reads and writes back, in the order of its ``state`` list."""
-
-_ext: ModuleType | None
-try:
-    _ext = importlib.import_module("controlplane.policies._kvcast_native")
-    _ext.bind_access(Access)
-except ImportError:  # not compiled here: the Python record path runs
-    _ext = None
-
-
-def native_record() -> ModuleType | None:
-    """The C record path when it is built and ``KVCAST_NATIVE`` is not ``0``; else None."""
-    if _ext is None or os.environ.get("KVCAST_NATIVE", "1") == "0":
-        return None
-    return _ext
-
+__all__ = ["KvcastPolicy"]
 
 _NEG_INF = float("-inf")
 
@@ -160,143 +132,8 @@ class _Meta:
         self.vpri: list[float] = []
 
 
-_HASH_MUL = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
-_SAMPLE_BITS = 24
-_SAMPLE_ONE = 1 << _SAMPLE_BITS
-
-_SEGMENT = 16
-"""The shadow sample takes prefix chains in segments of this many blocks (by position)."""
-
-_VARIANTS = ("default", "recency", "long-memory")
-"""The scoring variants the shadow rankings choose among (``shadow_rankings=True``)."""
-
-_LONG_MEMORY = 2.0
-"""The long-memory variant decays this many times slower than the default."""
-
-
-class _Ghost:
-    """One scoring variant's ghost cache on the sampled keys: residents and an eviction heap."""
-
-    __slots__ = ("heap", "res", "seq", "used")
-
-    def __init__(self) -> None:
-        self.res: dict[int, tuple[int, int]] = {}  # resident key -> (live heap seq, size)
-        self.heap: list[tuple[float, int, int, int]] = []  # (pri, -position, seq, key)
-        self.seq = 0
-        self.used = 0
-
-
-class _Shadows:
-    """Ghost caches of the scoring variants on a spatially hashed sample of the prefix chains.
-
-    Sampling (SHARDS-style): a block is in the sample when the top 24 bits of ``root *
-    _HASH_MUL`` are below ``threshold``, ``root`` being the first block of its 16-block
-    segment of the prefix chain; every access of a sampled block is seen, and parent and child
-    are sampled together inside a segment, so the ghosts see prefix structure. The rate is
-    chosen so that a ghost holds about ``sample_chunks`` chunks (every block below that). Each
-    variant keeps the sampled blocks it ranks best (its own prefix-clamped score, kept by the
-    policy for every tracked block) in ``capacity`` bytes, the budget scaled by the sample
-    rate, with the policy's hysteresis, admitting a block only under a resident parent and
-    never evicting the parent of the newcomer. A ghost hit is a resident block whose sampled
-    parent is resident too. ``wins[i][j]`` counts, with exponential decay over a window, the
-    sampled accesses variant i hit and variant j missed; ``current`` moves to a variant whose
-    lead over it is significant: ``wins - losses > z sqrt(wins + losses) + 4``.
-    """
-
-    def __init__(
-        self, capacity: int, size: int, n: int, log_margin: float, sample_chunks: int, z: float
-    ) -> None:
-        chunks = max(capacity // size, 1)
-        self.threshold = min(_SAMPLE_ONE, -(-(sample_chunks * _SAMPLE_ONE) // chunks))
-        self.capacity = capacity * self.threshold // _SAMPLE_ONE
-        sampled_chunks = max(self.capacity // size, 1)
-        self.keep = 1.0 - 1.0 / min(max(16 * sampled_chunks, 4096), 1 << 16)
-        self.ghosts = [_Ghost() for _ in range(n)]
-        self.wins = [[0.0] * n for _ in range(n)]
-        self.log_margin = log_margin
-        self.z = z
-        self.current = 0
-        self.switches = 0
-
-    def sampled(self, root: int) -> bool:
-        """Whether the blocks of the segment that starts at ``root`` are in the sample."""
-        return ((root * _HASH_MUL) & _M64) >> (64 - _SAMPLE_BITS) < self.threshold
-
-    def step(
-        self,
-        key: int,
-        size: int,
-        parent: int | None,
-        position: int,
-        pris: list[float],
-    ) -> None:
-        """One sampled access to every ghost, then the choice of the variant.
-
-        Args:
-            key: the block.
-            size: its bytes.
-            parent: its parent if sampled too, else None.
-            position: its depth in the chain (ties evict the deeper block).
-            pris: its prefix-clamped score under each variant after this access.
-        """
-        hit = []
-        for g, pri in zip(self.ghosts, pris, strict=True):
-            g.seq += 1
-            if key in g.res:
-                hit.append(parent is None or parent in g.res)
-                g.res[key] = (g.seq, size)
-                heapq.heappush(g.heap, (pri, -position, g.seq, key))
-                continue
-            hit.append(False)
-            if size <= self.capacity and (parent is None or parent in g.res):
-                self._offer(g, key, size, pri, position, parent)
-        keep = self.keep
-        for i, row in enumerate(self.wins):
-            hi = hit[i]
-            for j in range(len(row)):
-                row[j] = row[j] * keep + (1.0 if hi and not hit[j] else 0.0)
-        c = self.current
-        best, margin = c, 0.0
-        for i, row in enumerate(self.wins):
-            if i != c:
-                won, lost = row[c], self.wins[c][i]
-                lead = won - lost - self.z * math.sqrt(won + lost) - 4.0
-                if lead > margin:
-                    best, margin = i, lead
-        if best != c:
-            self.current = best
-            self.switches += 1
-
-    def _offer(
-        self, g: _Ghost, key: int, size: int, pri: float, position: int, parent: int | None
-    ) -> None:
-        """Admit a block if it outranks (with hysteresis) what it must displace."""
-        popped: list[tuple[float, int, int, int]] = []
-        free = self.capacity - g.used
-        while free < size:
-            e = heapq.heappop(g.heap)
-            r = g.res.get(e[3])
-            if r is None or r[0] != e[2]:
-                continue  # stale
-            popped.append(e)
-            if e[0] + self.log_margin >= pri or e[3] == parent:
-                for p in popped:
-                    heapq.heappush(g.heap, p)
-                return
-            free += r[1]
-        for e in popped:
-            g.used -= g.res.pop(e[3])[1]
-        g.res[key] = (g.seq, size)
-        g.used += size
-        heapq.heappush(g.heap, (pri, -position, g.seq, key))
-        if len(g.heap) > 4 * len(g.res) + 1024:
-            g.heap = [e for e in g.heap if g.res.get(e[3], (-1, 0))[0] == e[2]]
-            heapq.heapify(g.heap)
-
-
 @register_policy("kvcast")
-class KvcastPolicy(CachePolicy):
+class KvcastPolicy(NativeRecordPolicy):
     """Decayed, host-weighted reuse value per SRAM byte; prefix-closed; with hysteresis.
 
     Args:
@@ -386,12 +223,12 @@ class KvcastPolicy(CachePolicy):
         self._variants = [
             (self._log_history, learned_weights, 1.0),
             (_NEG_INF, False, 1.0),
-            (self._log_history, learned_weights, _LONG_MEMORY),
+            (self._log_history, learned_weights, LONG_MEMORY),
         ]
         self._shadow_on = shadow_rankings
         self._shadow_chunks = shadow_sample_chunks
         self._shadow_z = shadow_z
-        self._shadow: _Shadows | None = None
+        self._shadow: Shadows | None = None
         self._mult = 1.0  # the current variant's decay divisor
         self._adaptive = half_life_s is None
         self._half_life = float(initial_half_life_s if half_life_s is None else half_life_s)
@@ -442,7 +279,7 @@ class KvcastPolicy(CachePolicy):
     @property
     def variant(self) -> str:
         """The scoring variant in use (``default`` without shadow rankings)."""
-        return _VARIANTS[0 if self._shadow is None else self._shadow.current]
+        return VARIANTS[0 if self._shadow is None else self._shadow.current]
 
     @property
     def variant_switches(self) -> int:
@@ -584,7 +421,7 @@ class KvcastPolicy(CachePolicy):
         key = access.key
         shadow = self._shadow
         if shadow is None:
-            shadow = self._shadow = _Shadows(
+            shadow = self._shadow = Shadows(
                 self._capacity,
                 access.size,
                 len(self._variants),
@@ -616,7 +453,7 @@ class KvcastPolicy(CachePolicy):
                 logs = lw + math.log2(1.0 + 2.0 ** (a - lw))
             m.vlogs[i] = logs
             m.vpri[i] = min(logs, pm.vpri[i]) if pm is not None and pm.vpri else logs
-        same_segment = pm is not None and m.position % _SEGMENT != 0
+        same_segment = pm is not None and m.position % SEGMENT != 0
         m.root = pm.root if same_segment and pm is not None else key
         c = shadow.current
         m.logs = m.vlogs[c]
@@ -709,109 +546,6 @@ class KvcastPolicy(CachePolicy):
             np.fromiter((k in self._resident or k == keep for k in keys), bool, n),
             min((m.size for m in metas), default=None),
         )
-
-    # ------------------------------------------------------------------ batch record (C)
-    @property
-    def native(self) -> bool:
-        """Whether batches are recorded by the C path."""
-        return self._ext is not None
-
-    def _native_args(self) -> tuple[Any, ...]:
-        params = (
-            self._adaptive,
-            self._learned,
-            self._gap_factor,
-            self._min_half_life,
-            self._max_half_life,
-            self._log_repeat,
-            self._max_tracked,
-            self._log_history,
-        )
-        state = [getattr(self, name) for name in _NATIVE_STATE]
-        return (self._meta, self._resident, self._prune, params, state)
-
-    def _native_done(self, state: list[Any], pushed: list[int]) -> None:
-        """Take the scalar state back from the C loop and push the resident keys it touched."""
-        for name, value in zip(_NATIVE_STATE, state, strict=True):
-            setattr(self, name, value)
-        if pushed:
-            # One live heap entry per resident key, in the order of their last access: the
-            # heap the Python path leaves (its earlier entries for the same keys are stale).
-            for key in reversed(list(dict.fromkeys(reversed(pushed)))):
-                self._push(key, self._meta[key])
-            pushed.clear()
-
-    def record_many(self, accesses: Iterable[Access]) -> int:
-        """Batch mode: record every access (in C when built; the same result as one by one).
-
-        Args:
-            accesses: access events in time order.
-
-        Returns:
-            How many accesses were recorded.
-
-        Raises:
-            InvalidAccessError: if an access is malformed (the ones before it stay recorded).
-        """
-        ext = self._ext
-        if ext is None:
-            return super().record_many(accesses)
-        seq = accesses if isinstance(accesses, list) else list(accesses)
-        i, n = 0, len(seq)
-        pushed: list[int] = []
-        while i < n:
-            meta, resident, prune, params, state = self._native_args()
-            entries, reuses = self._cls_entries, self._cls_reuses
-            try:
-                stop = ext.record(
-                    meta, resident, prune, params, state, entries, reuses, pushed, seq, i
-                )
-            finally:
-                self._native_done(state, pushed)
-            if stop >= n:
-                break
-            self.record(seq[stop])  # one the C loop leaves to Python (or a malformed one)
-            i = stop + 1
-        return n
-
-    def _record_columns(self, cols: AccessColumns) -> int:
-        """Batch mode over checked columns (see :meth:`CachePolicy.record_arrays`), in C when built.
-
-        Args:
-            cols: the columns.
-
-        Returns:
-            How many accesses were recorded.
-
-        Raises:
-            InvalidAccessError: a size <= 0 (the accesses before it stay recorded).
-        """
-        ext = self._ext
-        if ext is None:
-            return super()._record_columns(cols)
-        n = len(cols.keys)
-        meta, resident, prune, params, state = self._native_args()
-        pushed: list[int] = []
-        try:
-            stop = ext.record_arrays(
-                meta,
-                resident,
-                prune,
-                params,
-                state,
-                self._cls_entries,
-                self._cls_reuses,
-                pushed,
-                n,
-                *cols,
-                0,
-            )
-        finally:
-            self._native_done(state, pushed)
-        if stop < n:
-            bad = cols.access(stop)
-            raise InvalidAccessError(f"chunk {bad.key}: size must be > 0, got {bad.size}")
-        return n
 
     # ------------------------------------------------------------------ online decision
     def _decide(self, access: Access) -> Decision:

@@ -15,7 +15,9 @@ Modules:
         (Zipf, agentic fan-out, synchronized bursts).
     cluster: the cluster model (:class:`ClusterSim`): hosts with HBM and DRAM prefix caches, pool
         nodes, the kvcast switch (SRAM via a registered cache policy, multicast, miss
-        coalescing), per-host GPU prefill queues; :class:`SimResult` holds what one run measured.
+        coalescing), per-host GPU prefill queues.
+    cluster_config: one run's knobs (:class:`ClusterConfig`) and the names they take.
+    cluster_result: what one run measured (:class:`SimResult`).
     incast: the small-scale N-to-1 model of the emulation's modes a-d.
     validate: compare the small-scale model with the emulation's measured summary CSV.
     report: CSV, result lines and plots shared by the experiments, and their one ``main``

@@ -37,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.sim.cluster import TIER_RULES, TIERS, ClusterConfig, ClusterSim
+from experiments.sim.cluster import ClusterSim
+from experiments.sim.cluster_config import TIER_RULES, TIERS, ClusterConfig
 from experiments.sim.hardware import MODELS
 from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import make_workload

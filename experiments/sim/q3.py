@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.policies import available_policies
-from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
+from experiments.sim.cluster import ClusterSim
+from experiments.sim.cluster_config import ClusterConfig
+from experiments.sim.cluster_result import SimResult
 from experiments.sim.hardware import MODELS
 from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import SimWorkload, make_workload

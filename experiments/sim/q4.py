@@ -48,7 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.sim.cluster import ClusterConfig, ClusterSim, SimResult
+from experiments.sim.cluster import ClusterSim
+from experiments.sim.cluster_config import ClusterConfig
+from experiments.sim.cluster_result import SimResult
 from experiments.sim.hardware import MODELS
 from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
 from experiments.sim.workloads import burst_workload, make_workload

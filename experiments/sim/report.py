@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from experiments.output import pyplot, write_csv
-from experiments.sim.cluster import ClusterConfig
+from experiments.sim.cluster_config import ClusterConfig
 
 __all__ = [
     "ExperimentMain",

@@ -25,7 +25,7 @@ from controlplane.policies import (
     policy_class,
     register_policy,
 )
-from controlplane.policies.kvcast import _ext as kvcast_native_ext
+from controlplane.policies.kvcast_native import _ext as kvcast_native_ext
 from controlplane.policies.lru import LruPolicy
 from kvcast.kvclass import KvClass
 

@@ -22,7 +22,7 @@ from controlplane.policies import (
     available_policies,
     make_policy,
 )
-from controlplane.policies.kvcast import native_record
+from controlplane.policies.kvcast_native import native_record
 from experiments.policies.evaluate import replay
 from experiments.policies.workloads import (
     Workload,

@@ -3,7 +3,8 @@ import shutil
 import pytest
 
 from controlplane.policies import available_policies
-from experiments.sim.cluster import ClusterConfig, ClusterSim
+from experiments.sim.cluster import ClusterSim
+from experiments.sim.cluster_config import ClusterConfig
 from experiments.sim.hardware import H100, MODELS, WireFormat, bmv2, tofino1
 from experiments.sim.workloads import (
     SimRequest,
