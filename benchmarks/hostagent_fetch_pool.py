@@ -209,7 +209,8 @@ def measure_multi(
     """
     import torch
 
-    from hostagent.fetch import ChunkRequest, FetchClient
+    from hostagent.fetch import FetchClient
+    from kvcast.fetch import ChunkRequest
 
     keys = [KEY + 1 + i for i in range(chunks)]
     data = [synthetic_chunk(TENANT, k, nbytes, SEED) for k in keys]

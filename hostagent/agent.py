@@ -69,8 +69,9 @@ from typing import Any, TextIO
 
 import torch
 
-from hostagent.fetch import MIN_RETRY_TIMEOUT_S, FetchClient, FetchError, FetchReport
+from hostagent.fetch import FetchClient
 from kvcast import p4constants as c
+from kvcast.fetch import MIN_RETRY_TIMEOUT_S, FetchError, FetchReport
 from kvcast.integrity import load_tenant_keys
 from kvcast.kvp import DEFAULT_MTU
 from kvcast.ports import AGENT_PORT

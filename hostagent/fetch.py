@@ -5,8 +5,8 @@ CPU tensor (``KVLayout.alloc_chunk``) and copies it to the GPU's paged KV cache 
 (``KVLayout.scatter_to_paged``). This client checks that a destination is such a tensor (a CUDA
 tensor is refused with the way to do it) and hands the engine the same memory as an array, and
 adds ``fetch_block``: one chunk of a ``KVLayout``. Everything else (paths, group fetch, windows
-of chunks, MAC checks, reports) is the engine's, and so are the records it returns; this module
-names them too, as the host agent's API.
+of chunks, MAC checks, reports) is the engine's, and so are the records it returns
+(``kvcast.fetch``: ``FetchReport``, ``ChunkRequest``, ``FetchError``, ...).
 
 Classes:
     FetchClient: the engine's client, taking tensors.
@@ -19,36 +19,10 @@ from typing import Any
 import torch
 
 from hostagent.layout import KVLayout
-from kvcast.fetch import (
-    DEFAULT_CHUNKS_IN_FLIGHT,
-    GAP_FRAGMENTS,
-    MAX_FETCHES,
-    MIN_RETRY_TIMEOUT_S,
-    STASH_MAX_BYTES,
-    Address,
-    Array,
-    ChunkRequest,
-    FetchError,
-    FetchOutcome,
-    FetchReport,
-    RecomputeReason,
-)
+from kvcast.fetch import Array, FetchError, FetchReport
 from kvcast.fetch import FetchClient as _EngineClient
 
-__all__ = [
-    "DEFAULT_CHUNKS_IN_FLIGHT",
-    "GAP_FRAGMENTS",
-    "MAX_FETCHES",
-    "MIN_RETRY_TIMEOUT_S",
-    "STASH_MAX_BYTES",
-    "Address",
-    "ChunkRequest",
-    "FetchClient",
-    "FetchError",
-    "FetchOutcome",
-    "FetchReport",
-    "RecomputeReason",
-]
+__all__ = ["FetchClient"]
 
 
 class FetchClient(_EngineClient):

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer
-from hostagent.fetch import ChunkRequest, FetchClient, FetchReport, RecomputeReason
+from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
+from kvcast.fetch import ChunkRequest, FetchReport, RecomputeReason
 
 __all__ = ["PrefixFetcher", "PrefixResult"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hostagent.fetch import FetchReport
+from kvcast.fetch import FetchReport
 
 __all__ = ["KvcastConnectorStats", "LoadCounters", "load_job_counts"]
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer, wire_key
-from hostagent.fetch import ChunkRequest, FetchClient, FetchReport
+from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
 from hostagent.producer import Producer
 from hostagent.vllm_connector.config import (
@@ -47,6 +47,7 @@ from hostagent.vllm_connector.config import (
 from hostagent.vllm_connector.data import ChunkLoad, ChunkSave, KvcastConnectorMetadata
 from hostagent.vllm_connector.metrics import KvcastConnectorStats, LoadCounters, load_job_counts
 from kvcast.backend import PoolBackend
+from kvcast.fetch import ChunkRequest, FetchReport
 from kvcast.reports import ReportSink
 
 __all__ = ["KvcastWorker", "worker_sides", "worker_stats"]

@@ -42,12 +42,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers not installed")
 
 from hostagent.chunkkeys import ChunkKeyer  # noqa: E402
-from hostagent.fetch import FetchClient, FetchOutcome  # noqa: E402
+from hostagent.fetch import FetchClient  # noqa: E402
 from hostagent.layout import KVLayout, block_from_kv, kv_from_blocks  # noqa: E402
 from hostagent.prefix import PrefixFetcher  # noqa: E402
 from hostagent.producer import Producer  # noqa: E402
 from kvcast import p4constants as c  # noqa: E402
 from kvcast.backend import InMemoryBackend, PoolBackend  # noqa: E402
+from kvcast.fetch import FetchOutcome  # noqa: E402
 from kvcast.reports import InMemorySink  # noqa: E402
 from poolnode.server import PoolServer  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402

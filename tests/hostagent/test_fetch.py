@@ -11,17 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from hostagent.fetch import (
-    Address,
-    FetchClient,
-    FetchError,
-    FetchOutcome,
-    FetchReport,
-    RecomputeReason,
-)
+from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
+from kvcast.fetch import Address, FetchError, FetchOutcome, FetchReport, RecomputeReason
 from kvcast.wire import KvpHeader, nack_message
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import (

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from hostagent.fetch import ChunkRequest, FetchClient, FetchError, RecomputeReason
+from hostagent.fetch import FetchClient
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
+from kvcast.fetch import ChunkRequest, FetchError, RecomputeReason
 from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.wire import KvpHeader, data_message
 from poolnode.server import PoolServer

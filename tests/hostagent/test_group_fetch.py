@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from hostagent.fetch import Address, FetchClient, FetchError, FetchReport, RecomputeReason
+from hostagent.fetch import FetchClient
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.backend import InMemoryBackend
+from kvcast.fetch import Address, FetchError, FetchReport, RecomputeReason
 from kvcast.wire import KvpHeader
 from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from hostagent.chunkkeys import ChunkKeyer
-from hostagent.fetch import FetchClient, RecomputeReason
+from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout, LayoutError
 from hostagent.prefix import PrefixFetcher
 from kvcast.backend import InMemoryBackend
+from kvcast.fetch import RecomputeReason
 from kvcast.reports import InMemorySink
 from poolnode.server import PoolServer
 

@@ -14,9 +14,9 @@ import torch
 
 from controlplane.reports import HttpApi, report_routes
 from hostagent import agent
-from hostagent.fetch import FetchClient, FetchOutcome, FetchReport, RecomputeReason
+from hostagent.fetch import FetchClient
 from kvcast.backend import InMemoryBackend
-from kvcast.fetch import entry_from_fetch
+from kvcast.fetch import FetchOutcome, FetchReport, RecomputeReason, entry_from_fetch
 from kvcast.reports import (
     AccessReport,
     HttpReporter,

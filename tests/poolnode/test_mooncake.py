@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostagent.fetch import FetchClient, RecomputeReason
+from hostagent.fetch import FetchClient
 from kvcast import p4constants as c
 from kvcast.backend import PoolBackendError
+from kvcast.fetch import RecomputeReason
 from kvcast.kvclass import KvClass
 from kvcast.mooncake import MooncakeBackend, MooncakeUnavailableError
 from poolnode import mooncake

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from hostagent.chunkkeys import ChunkKeyer
-from hostagent.fetch import FetchClient, FetchReport, RecomputeReason
+from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
 from hostagent.producer import Producer
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
+from kvcast.fetch import FetchReport, RecomputeReason
 from kvcast.integrity import MAC_BYTES, chunk_mac, load_tenant_keys, mac_key_of
 from poolnode.server import PoolServer
 
