@@ -298,7 +298,7 @@ QUICK_TRACE_FAULTS = ["loss 1%"]
 
 def _restart_trace(tmp: Path, n: int) -> list[Any]:
     """The restart runs' requests (RESTART_REQUESTS, RESTART_SHARED), planned on ``n`` hosts."""
-    from experiments.trace_replay import plan_requests
+    from experiments.trace_replay.plan import plan_requests
 
     trace = tmp / "restart-trace.jsonl"
     trace.write_text(
@@ -334,7 +334,7 @@ def run_restarts(
     Returns:
         One row per restarted component (module docstring).
     """
-    from experiments.trace_replay import run_experiment
+    from experiments.trace_replay.run import run_experiment
 
     requests = _restart_trace(tmp, n)
     rows: list[dict[str, Any]] = []
@@ -424,7 +424,7 @@ def run_trace_faults(
         One row per fault: requests, blocks fetched, hit, failed (recomputed) and with a wrong
         byte (must be 0), retries, fallbacks, the fetch time's median and 99th percentile.
     """
-    from experiments.trace_replay import run_experiment
+    from experiments.trace_replay.run import run_experiment
 
     impairs = dict(FAULTS)
     requests = _restart_trace(tmp, n)
