@@ -90,7 +90,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -108,7 +107,7 @@ from benchmarks.udp_feed import KEY, SEED, TENANT  # the feed's chunk is the sui
 from emulation.targets import REPO, SwitchProcess, TargetUnavailableError, VethPorts, bmv2_binary
 from hostagent import bench as hostbench
 from kvcast import p4constants as c
-from kvcast import wire
+from kvcast import procs, wire
 from kvcast.native import describe as describe_data_path
 from kvcast.p4rt_client import Lpm
 from kvcast.synthetic import synthetic_chunk
@@ -146,16 +145,6 @@ def _sh(*cmd: str) -> None:
         raise TargetUnavailableError(
             f"`{' '.join(cmd)}` failed: {exc.stderr.strip() or exc.returncode}"
         ) from exc
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class SwitchTestbed:
@@ -295,7 +284,7 @@ def _pool_node(cmd: list[str]) -> Iterator[tuple[int, int]]:
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield int(match.group(1)), proc.pid
     finally:
-        _stop(proc)
+        procs.stop(proc, 5)
 
 
 def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:

@@ -77,6 +77,7 @@ from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast import procs
 from kvcast.p4rt_client import P4RuntimeClientError
 from poolnode.mooncake import find_master_binary
 from poolnode.server import frags_per_data
@@ -445,7 +446,7 @@ class HostAgents:
 
     def _restart(self, name: str, why: str) -> dict[str, Any]:
         proc = self.procs[name]
-        proc.kill()
+        procs.kill(proc)
         _, err = proc.communicate()
         self._start(name)
         return {"ok": False, "outcome": "error", "error": f"{why}: {err.strip()[-300:]}"}
@@ -459,11 +460,7 @@ class HostAgents:
             except OSError:
                 pass
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            procs.stop(proc, 10, signal_first=False)
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()

@@ -78,6 +78,7 @@ from experiments.output import pyplot, write_csv
 from experiments.serving_engine import BLOCK_SIZE
 from hostagent.ports import AGENT_PORT
 from kvcast import p4constants as c
+from kvcast import procs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path("results/serving")
@@ -318,11 +319,7 @@ class Engines:
                     pass
         deadline = time.monotonic() + 20
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            procs.stop(proc, max(0.1, deadline - time.monotonic()), signal_first=False)
 
 
 def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) -> float:
