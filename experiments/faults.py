@@ -66,7 +66,8 @@ from typing import Any
 
 from emulation.switches import RefSwitch
 from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
-from experiments.incast import TENANT, PointResult, run_sweep
+from experiments.incast import TENANT, run_sweep
+from experiments.incast_results import PointResult
 from experiments.output import write_csv
 from poolnode.mooncake import find_master_binary
 

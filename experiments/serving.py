@@ -618,8 +618,8 @@ def run(
     """
     from emulation.network import Cluster
     from emulation.switches import default_switch_class
-    from experiments.incast import MODES as INCAST_MODES
     from experiments.incast import agent_window, get_timeouts
+    from experiments.incast_results import MODES as INCAST_MODES
 
     switch_cls = switch_cls or default_switch_class()
     n_max = max(plan.ns)
