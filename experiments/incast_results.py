@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.output import pyplot, write_csv
+from experiments.output import pyplot, text_table, write_csv
 from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
@@ -365,27 +365,9 @@ def format_table(rows: list[dict[str, Any]], title: str, notes: Sequence[str] = 
         ("repairs", lambda r: str(r["repairs"])),
         ("ok", lambda r: r["ok"]),
     ]
-    cells = [[f(r) for _, f in cols] for r in rows]
-    widths = [max([len(h)] + [len(c_[i]) for c_ in cells]) for i, (h, _) in enumerate(cols)]
-    left = {1, 2}
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.ljust(w) if i in left else v.rjust(w)
-            for i, (v, w) in enumerate(zip(values, widths, strict=True))
-        ).rstrip()
-
-    header = line([h for h, _ in cols])
-    out = [title, "=" * min(len(title), len(header)), header, "-" * len(header)]
-    last_key = None
-    for r, cell in zip(rows, cells, strict=True):
-        key = (r["prefix_kib"], r["n"])
-        if last_key is not None and key != last_key:
-            out.append("")
-        last_key = key
-        out.append(line(cell))
-    out += ["-" * len(header), *notes]
-    return "\n".join(out)
+    return text_table(
+        title, cols, rows, left={1, 2}, block=lambda r: (r["prefix_kib"], r["n"]), notes=notes
+    )
 
 
 def _num(v: float | None, digits: int) -> str:
