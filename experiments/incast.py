@@ -117,6 +117,27 @@ def _event_counters(cluster: Cluster) -> dict[int, int]:
     return dict(total)
 
 
+def _settle_pool_links(cluster: Cluster, max_wait_s: float = 2.0) -> None:
+    """Waits until the pool nodes have sent nothing for a few DATAs' transmission time.
+
+    Called when a point's hosts are done: answers to their last duplicate GETs (a tail probe,
+    a retry) may still be queued on a pool link. They are the point's traffic; read later, they
+    were counted in the next point's pool bytes (a multicast point's prefix sent "twice").
+    """
+    rate = cluster.spec.pool_link.bw_mbit
+    data_s = cluster.spec.mtu * 8 / (rate * 1e6) if rate else 0.0
+    quiet_s = max(0.05, 3 * data_s)
+    deadline = time.monotonic() + max_wait_s
+    last, since = _pool_tx_bytes(cluster), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s / 5)
+        now_bytes = _pool_tx_bytes(cluster)
+        if now_bytes != last:
+            last, since = now_bytes, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+
+
 def _link_bytes(cluster: Cluster) -> dict[str, int]:
     return cluster.link_tx_bytes() if isinstance(cluster, FabricCluster) else {}
 
@@ -430,6 +451,7 @@ def run_point(
             cluster.spec.mtu,
         )
     records = agents.run(lines, timeout + 30)
+    _settle_pool_links(cluster)
     for i, (name, rec) in enumerate(records.items()):
         # The agent's own "host" (its hostname) and "mode" (its role) must not overwrite ours.
         rec = dict(rec)
