@@ -17,7 +17,7 @@ demo: setup
 	$(PY) -m experiments.incast --out results/demo
 
 ## serve: install what is needed, then N real vLLM engines (CPU) share a prefix through the
-## switch: time to first token per mode (root; experiments/serving.py, docs/results.md)
+## switch: time to first token per mode (root; experiments/serving*.py, docs/results.md)
 serve: setup
 	$(PY) -m experiments.serving --out results/serving --agentic --corrupt-check --switch-kill-check \
 	    --dead-pool-check

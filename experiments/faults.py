@@ -62,13 +62,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emulation.switches import RefSwitch
 from emulation.topo import EMULATION_MTU, ClusterSpec, LinkSpec
-from experiments.incast import TENANT, PointResult, run_sweep
-from experiments.output import write_csv
+from experiments.incast import TENANT, run_sweep
+from experiments.incast_results import PointResult
+from experiments.output import text_table, write_csv
 from poolnode.mooncake import find_master_binary
+
+if TYPE_CHECKING:
+    from experiments.trace_replay.run import RunResult
 
 FAULTS: list[tuple[str, str]] = [
     ("none", ""),
@@ -298,7 +302,7 @@ QUICK_TRACE_FAULTS = ["loss 1%"]
 
 def _restart_trace(tmp: Path, n: int) -> list[Any]:
     """The restart runs' requests (RESTART_REQUESTS, RESTART_SHARED), planned on ``n`` hosts."""
-    from experiments.trace_replay import plan_requests
+    from experiments.trace_replay.plan import plan_requests
 
     trace = tmp / "restart-trace.jsonl"
     trace.write_text(
@@ -311,6 +315,45 @@ def _restart_trace(tmp: Path, n: int) -> list[Any]:
         )
     )
     return plan_requests(trace, max_requests=RESTART_REQUESTS, hosts=n, seed=1)
+
+
+def _replay_cache_on(
+    requests: Sequence[Any],
+    switch_cls: type[RefSwitch],
+    n: int,
+    progress: Callable[[str], None],
+    block_bytes: int = 1024,
+    **faults: Any,
+) -> RunResult:
+    """The campaign's trace replay: the cache-on run alone, on the restart runs' links.
+
+    Args:
+        requests: the planned requests (:func:`_restart_trace`).
+        switch_cls: the switch node class (an impaired one for a fault).
+        n: GPU hosts.
+        progress: where progress lines go (indented under the campaign's).
+        block_bytes: bytes per block.
+        **faults: restart options of :func:`experiments.trace_replay.run.run_experiment`.
+
+    Returns:
+        The cache-on run's result.
+    """
+    from experiments.trace_replay.run import run_experiment
+
+    results = run_experiment(
+        requests,
+        switch_cls=switch_cls,
+        hosts=n,
+        block_bytes=block_bytes,
+        speedup=1.0,
+        pool_mbit=20.0,
+        host_mbit=200.0,
+        tick_s=0.2,
+        runs=("cache-on",),
+        progress=lambda s: progress(f"  {s}"),
+        **faults,
+    )
+    return results["cache-on"]
 
 
 def run_restarts(
@@ -334,8 +377,6 @@ def run_restarts(
     Returns:
         One row per restarted component (module docstring).
     """
-    from experiments.trace_replay import run_experiment
-
     requests = _restart_trace(tmp, n)
     rows: list[dict[str, Any]] = []
     for component in components:
@@ -346,17 +387,12 @@ def run_restarts(
             rows.append({"component": what, "n": n, "skipped": skip, "error": ""})
             continue
         try:
-            results = run_experiment(
+            run = _replay_cache_on(
                 requests,
-                switch_cls=RefSwitch,
-                hosts=n,
+                RefSwitch,
+                n,
+                progress,
                 block_bytes=LOAD_KILL_BLOCK_BYTES if component == "controller-load" else 1024,
-                speedup=1.0,
-                pool_mbit=20.0,
-                host_mbit=200.0,
-                tick_s=0.2,
-                runs=("cache-on",),
-                progress=lambda s: progress(f"  {s}"),
                 restart_switch_after_s=after_s if component == "switch" else None,
                 restart_controller_after_s=(
                     after_s if component.startswith("controller") else None
@@ -370,7 +406,6 @@ def run_restarts(
             progress(f"  {what}: run failed: {exc!r}")
             rows.append({"component": what, "n": n, "error": f"run failed: {exc!r}"})
             continue
-        run = results["cache-on"]
         s = run.summary()
         r = run.restart
         rows.append(
@@ -424,8 +459,6 @@ def run_trace_faults(
         One row per fault: requests, blocks fetched, hit, failed (recomputed) and with a wrong
         byte (must be 0), retries, fallbacks, the fetch time's median and 99th percentile.
     """
-    from experiments.trace_replay import run_experiment
-
     impairs = dict(FAULTS)
     requests = _restart_trace(tmp, n)
     rows: list[dict[str, Any]] = []
@@ -434,23 +467,11 @@ def run_trace_faults(
         progress(f"trace replay under {fault} ({impair or 'no impairment'}), N={n}")
         row: dict[str, Any] = {"fault": fault, "impairment": impair or "none", "n": n}
         try:
-            results = run_experiment(
-                requests,
-                switch_cls=_switch_with(impair, seed),
-                hosts=n,
-                block_bytes=1024,
-                speedup=1.0,
-                pool_mbit=20.0,
-                host_mbit=200.0,
-                tick_s=0.2,
-                runs=("cache-on",),
-                progress=lambda s: progress(f"  {s}"),
-            )
+            run = _replay_cache_on(requests, _switch_with(impair, seed), n, progress)
         except Exception as exc:  # noqa: BLE001 - recorded as the row's error
             progress(f"  {fault}: run failed: {exc!r}")
             rows.append({**row, "error": f"run failed: {exc!r}"})
             continue
-        run = results["cache-on"]
         s = run.summary()
         row.update(
             requests=s["requests"],
@@ -526,25 +547,7 @@ def format_rows(rows: Sequence[dict[str, Any]], title: str) -> str:
             lambda r: "-" if r.get("relief_vs_clean") is None else f"{r['relief_vs_clean']:.2f}",
         ),
     ]
-    cells = [[f(r) for _, f in cols] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _) in enumerate(cols)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.ljust(w) if i < 3 else v.rjust(w)
-            for i, (v, w) in enumerate(zip(values, widths, strict=True))
-        ).rstrip()
-
-    header = line([h for h, _ in cols])
-    out = [title, "=" * min(len(title), len(header)), header, "-" * len(header)]
-    last = None
-    for r, cell in zip(rows, cells, strict=True):
-        if last is not None and r["fault"] != last:
-            out.append("")
-        last = r["fault"]
-        out.append(line(cell))
-    out.append("-" * len(header))
-    return "\n".join(out)
+    return text_table(title, cols, rows, left={0, 1, 2}, block=lambda r: r["fault"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,16 +41,18 @@ timings, and random ones give outputs that differ between prompts.
 
 Run: ``python -m experiments.serving`` (root; Mininet; ``--help`` lists the sweep).
 
-Classes:
-    Deployment: the real deployment the link rates are scaled to.
-    Engines: one engine process per GPU host.
+The model, link scaling, prompts and plan are in :mod:`experiments.serving_plan`, the engine
+processes in :mod:`experiments.serving_engine` (``Engines``), the fault checks run after the
+points in :mod:`experiments.serving_checks`; this module runs the sweep and reports it.
 
 Functions:
-    make_model: the emulation's model directory.
     calibrate: this machine's prefill time per token for the model.
-    link_mbit: the link rate that keeps the deployment's fetch/prefill ratio.
+    connector_config: one engine's connector configuration on the emulated cluster.
     run: the whole sweep on one cluster.
+    trace_summary: the trace replay's rows.
     summarize: the table's rows.
+    format_table: the table as text.
+    plot: the figure.
     main: command line.
 """
 
@@ -58,271 +60,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import select
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from emulation.topo import SERVICE_IP, ClusterSpec, LinkSpec
+from experiments import serving_checks as checks
 from experiments.output import pyplot, write_csv
-from experiments.serving_engine import BLOCK_SIZE
+from experiments.serving_engine import BLOCK_SIZE, REPO, EngineError, Engines
+from experiments.serving_plan import (
+    DEFAULT_MODES,
+    DEPLOYMENT,
+    EMU_SHAPE,
+    MODES,
+    TENANT,
+    TRACE_MODES,
+    Plan,
+    TracePlan,
+    link_mbit,
+    make_model,
+    mode_options,
+    tokens,
+    trace_requests,
+)
 from kvcast import p4constants as c
 from kvcast.ports import AGENT_PORT
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path("results/serving")
-TENANT = 7
-MODES = ("recompute", "pool", "multicast", "sram", "local")
-DEFAULT_MODES = "recompute,pool,multicast,sram,local"
-ENGINE_CMD = [sys.executable, "-m", "experiments.serving_engine"]
-
-EMU_SHAPE: dict[str, Any] = {
-    "hidden_size": 1024,
-    "intermediate_size": 4096,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "vocab_size": 4096,
-}
-"""The emulation's model: 68M parameters, 1 KiB of bf16 KV per token (4 layers x 1 KV head x
-64 dims x K and V x 2 bytes), so a 1,024-token prefix is 1 MiB: 32 vLLM blocks of 32 tokens,
-4,096 256-byte fragments, within the switch's 8,192 SRAM slots."""
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """The real deployment whose fetch/prefill ratio the emulated links keep.
-
-    Attributes:
-        model: the model and its KV dtype.
-        gpu: where the prefill rate comes from.
-        prefill_us_per_token: prefill time per prompt token.
-        kv_bytes_per_token: KV bytes per token (2 x layers x KV heads x head dim x bytes).
-        nic_gbps: a GPU host's NIC rate (the pool node's too).
-    """
-
-    model: str
-    gpu: str
-    prefill_us_per_token: float
-    kv_bytes_per_token: int
-    nic_gbps: float
-
-    @property
-    def fetch_us_per_token(self) -> float:
-        """Time to move one token's KV through the NIC."""
-        return self.kv_bytes_per_token * 8 / (self.nic_gbps * 1e3)
-
-    @property
-    def ratio(self) -> float:
-        """Fetch time per token over prefill time per token."""
-        return self.fetch_us_per_token / self.prefill_us_per_token
-
-
-DEPLOYMENT = Deployment(
-    model="Llama-3-8B, bf16 KV (32 layers x 8 KV heads x 128 dims)",
-    # experiments.prefill_rate on one NVIDIA H100 80GB HBM3 (transformers 5.17, SDPA, batch 1,
-    # random weights): 31.2-32.9 us per token for 1,024-8,192-token prompts
-    # (docs/data/prefill_h100.json).
-    gpu="H100 80GB HBM3, measured with experiments.prefill_rate",
-    prefill_us_per_token=32.0,
-    kv_bytes_per_token=131072,
-    nic_gbps=400.0,
-)
-
-
-def emu_kv_bytes_per_token(shape: dict[str, Any] = EMU_SHAPE) -> int:
-    """KV bytes per token of the emulation's model (bf16)."""
-    return int(
-        2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
-    )
-
-
-def make_model(path: Path, shape: dict[str, Any] = EMU_SHAPE, seed: int = 0) -> Path:
-    """Writes a Llama of ``shape`` with random weights (seeded) to ``path`` unless it is there.
-
-    Returns:
-        ``path``.
-    """
-    import torch
-    import transformers
-
-    config_file = path / "config.json"
-    if config_file.exists() and (path / "model.safetensors").exists():
-        have = json.loads(config_file.read_text())
-        if all(have.get(k) == v for k, v in shape.items()):
-            return path
-    cfg = transformers.LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=False, **shape)
-    torch.manual_seed(seed)
-    llama: Any = transformers.LlamaForCausalLM
-    model = llama(cfg).to(torch.bfloat16)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    return path
-
-
-def link_mbit(prefill_us_per_token: float, deployment: Deployment = DEPLOYMENT) -> float:
-    """The link rate at which a token's KV takes ``deployment.ratio`` of its prefill time.
-
-    Args:
-        prefill_us_per_token: this machine's prefill time per token for the emulation's model.
-        deployment: the deployment to match.
-
-    Returns:
-        Mbit/s.
-    """
-    fetch_us = deployment.ratio * prefill_us_per_token
-    return emu_kv_bytes_per_token() * 8 / fetch_us
-
-
-class EngineError(RuntimeError):
-    """An engine process failed or answered with an error."""
-
-
-class Engines:
-    """One ``experiments.serving_engine`` process per GPU host, driven by JSON lines.
-
-    Args:
-        popen: ``popen(host, cmd, **kwargs)`` starts a process on a host (in its namespace).
-        names: the hosts.
-        connectors: each host's ``kv_connector_extra_config`` (None: no connector).
-        model: the model directory.
-        log_dir: where each engine's stderr goes.
-        max_model_len: the engines' longest prompt plus output.
-    """
-
-    def __init__(
-        self,
-        popen: Callable[..., subprocess.Popen[str]],
-        names: Sequence[str],
-        connectors: dict[str, dict[str, Any] | None],
-        model: Path,
-        log_dir: Path,
-        max_model_len: int = 4096,
-    ) -> None:
-        self.names = list(names)
-        self.procs: dict[str, subprocess.Popen[str]] = {}
-        self.logs: dict[str, Path] = {}
-        self.startup_s: dict[str, float] = {}
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for i, name in enumerate(self.names):
-            log = log_dir / f"engine-{name}.log"
-            self.logs[name] = log
-            cmd = [
-                *ENGINE_CMD, "--model", str(model), "--core", str(i % (os.cpu_count() or 1)),
-                "--max-model-len", str(max_model_len),
-            ]  # fmt: skip
-            if connectors[name] is not None:
-                cmd += ["--connector", json.dumps(connectors[name])]
-            with log.open("w") as err:
-                self.procs[name] = popen(
-                    name, cmd, cwd=REPO, text=True, bufsize=1,
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                )  # fmt: skip
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Waits for every engine's ready line.
-
-        Raises:
-            EngineError: an engine exited or stayed silent (its log's tail in the message).
-        """
-        deadline = time.monotonic() + timeout_s
-        for name in self.names:
-            rec = self._read(name, deadline)
-            if not rec.get("ready"):
-                raise EngineError(f"engine {name} did not start: {rec}")
-            self.startup_s[name] = float(rec["startup_s"])
-
-    def _read(self, name: str, deadline: float) -> dict[str, Any]:
-        proc = self.procs[name]
-        assert proc.stdout is not None
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EngineError(f"engine {name}: no answer in time; {self.tail(name)}")
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if not ready:
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                raise EngineError(f"engine {name} exited ({proc.poll()}); {self.tail(name)}")
-            if line.startswith("{"):
-                rec: dict[str, Any] = json.loads(line)
-                return rec
-
-    def tail(self, name: str, chars: int = 3000) -> str:
-        """The end of an engine's log."""
-        return f"log {self.logs[name]}:\n{self.logs[name].read_text(errors='replace')[-chars:]}"
-
-    def ask(
-        self, commands: dict[str, dict[str, Any]], timeout_s: float = 300.0
-    ) -> dict[str, dict[str, Any]]:
-        """Sends one command to each named engine and returns each one's answer.
-
-        Raises:
-            EngineError: an engine died, did not answer in time, or answered with an error.
-        """
-        for name, cmd in commands.items():
-            self.send(name, cmd)
-        deadline = time.monotonic() + timeout_s
-        out = {name: self._read(name, deadline) for name in commands}
-        for name, rec in out.items():
-            if "error" in rec:
-                raise EngineError(f"engine {name}: {rec['error']}")
-        return out
-
-    def send(self, name: str, cmd: dict[str, Any]) -> None:
-        """Sends one command to an engine without waiting for its answer."""
-        stdin = self.procs[name].stdin
-        assert stdin is not None
-        stdin.write(json.dumps(cmd) + "\n")
-        stdin.flush()
-
-    def wait_any(self, names: Sequence[str], timeout_s: float) -> list[tuple[str, dict[str, Any]]]:
-        """The answers of those of ``names`` that answer first (at least one).
-
-        Raises:
-            EngineError: none answered in time, one died, or one answered with an error.
-        """
-        streams: dict[Any, str] = {self.procs[n].stdout: n for n in names}
-        ready, _, _ = select.select(list(streams), [], [], timeout_s)
-        if not ready:
-            raise EngineError(f"no answer from {sorted(names)} in {timeout_s:.0f} s")
-        out = []
-        for stream in ready:
-            name = streams[stream]
-            rec = self._read(name, time.monotonic() + timeout_s)
-            if "error" in rec:
-                raise EngineError(f"engine {name}: {rec['error']}")
-            out.append((name, rec))
-        return out
-
-    def close(self) -> None:
-        """Asks every engine to quit, then ends those that do not."""
-        for proc in self.procs.values():
-            if proc.poll() is None and proc.stdin is not None:
-                try:
-                    proc.stdin.write('{"cmd": "quit"}\n')
-                    proc.stdin.flush()
-                except (BrokenPipeError, OSError):
-                    pass
-        deadline = time.monotonic() + 20
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) -> float:
@@ -354,16 +125,6 @@ def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) 
         finally:
             engines.close()
     return float(statistics.median(times)) / prompt_tokens * 1e6
-
-
-def _tokens(rnd: random.Random, n: int) -> list[int]:
-    return [rnd.randrange(EMU_SHAPE["vocab_size"]) for _ in range(n)]
-
-
-def _pool_tx_bytes(cluster: Any) -> int:
-    from experiments.incast import _pool_tx_bytes as tx
-
-    return tx(cluster)
 
 
 def connector_config(
@@ -398,74 +159,6 @@ def connector_config(
     if mac_keys:
         cfg["mac_keys"] = {str(t): k.hex() for t, k in mac_keys.items()}
     return cfg
-
-
-@dataclass
-class Plan:
-    """What one sweep does.
-
-    Attributes:
-        ns: engine counts.
-        modes: mode names, in the order each point runs them.
-        repeats: runs of every point.
-        prefix: shared prompt tokens (a multiple of the block size).
-        suffix: each request's own tokens after the prefix.
-        max_tokens: greedy output tokens per request.
-        seed: the prompts' seed.
-    """
-
-    ns: Sequence[int] = (1, 2, 4, 8)
-    modes: Sequence[str] = MODES
-    repeats: int = 3
-    prefix: int = 1024
-    suffix: int = 16
-    max_tokens: int = 8
-    seed: int = 20261127
-
-
-@dataclass
-class TracePlan:
-    """Requests from a Mooncake-format trace, replayed on the engines at their arrival times.
-
-    Attributes:
-        path: the trace (``data/traces/conversation_trace.jsonl``: timestamp in ms, hash_ids).
-        requests: how many of its first requests.
-        max_blocks: a request's blocks are cut to this many (CPU engines' prefill time).
-        speed: arrival times divided by this.
-        seed: the tokens' seed.
-    """
-
-    path: Path = REPO / "data" / "traces" / "conversation_trace.jsonl"
-    requests: int = 30
-    max_blocks: int = 24
-    speed: float = 1.0
-    seed: int = 7
-
-
-TRACE_MODES = ("trace-pool", "trace-local")
-"""With the connector (every request's new blocks published, earlier ones loaded through the
-switch) and without (each engine's own prefix cache only); the pool mode runs first."""
-
-
-def trace_requests(trace: TracePlan, suffix: int) -> list[tuple[float, list[int]]]:
-    """``(arrival s, prompt tokens)`` of the trace's first requests.
-
-    Each trace block (one ``hash_id``) becomes one vLLM block of 32 tokens drawn from a
-    generator seeded by the hash id, so requests that share hash ids share token prefixes;
-    each prompt ends with ``suffix`` tokens of its own.
-    """
-    out = []
-    with trace.path.open() as f:
-        for i, line in enumerate(f):
-            if i >= trace.requests:
-                break
-            rec = json.loads(line)
-            tokens: list[int] = []
-            for h in rec["hash_ids"][: trace.max_blocks]:
-                tokens += _tokens(random.Random((trace.seed << 40) ^ int(h)), BLOCK_SIZE)
-            tokens += _tokens(random.Random((trace.seed << 40) ^ (1 << 39) ^ i), suffix)
-            out.append((float(rec["timestamp"]) / 1e3 / trace.speed, tokens))
-    return out
 
 
 def _replay(
@@ -610,7 +303,7 @@ def run(
             budget of the switch kill check's long outage (None: that part is left out).
         agentic_check: after the sweep, a task that forks one branch per engine, with its
             static prefix pushed to every engine ahead of the branches, pulled by each, or
-            neither (:func:`_agentic_check`).
+            neither (:func:`experiments.serving_checks.agentic_check`).
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -621,8 +314,8 @@ def run(
     """
     from emulation.network import Cluster
     from emulation.switches import default_switch_class
-    from experiments.incast import MODES as INCAST_MODES
     from experiments.incast import agent_window, get_timeouts
+    from experiments.incast_results import MODES as INCAST_MODES
 
     switch_cls = switch_cls or default_switch_class()
     n_max = max(plan.ns)
@@ -687,18 +380,18 @@ def run(
                     if trace is not None:
                         result["trace"] = _replay(engines, trace, plan, progress)
                     if corrupt_check:
-                        result["corrupt"] = _corrupt_check(engines, plan)
+                        result["corrupt"] = checks.corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
                     if agentic_check:
-                        result["agentic"] = _agentic_check(cluster, engines, plan)
+                        result["agentic"] = checks.agentic_check(cluster, engines, plan)
                         progress(f"agentic check: {result['agentic']}")
                     if switch_kill_check:
-                        result["switch_kill"] = _switch_kill_check(
+                        result["switch_kill"] = checks.switch_kill_check(
                             cluster, engines, plan, prefill_us_per_token
                         )
                         progress(f"switch kill check: {result['switch_kill']}")
                     if dead_pool_check:
-                        result["dead_pool"] = _dead_pool_check(engines, plan, pool.ip)
+                        result["dead_pool"] = checks.dead_pool_check(engines, plan, pool.ip)
                         progress(f"dead pool check: {result['dead_pool']}")
                 except EngineError as exc:
                     # The points measured so far still reach the CSVs; the error says where.
@@ -721,27 +414,19 @@ def _warm_up(engines: Engines, plan: Plan) -> None:
     """
     rnd = random.Random(plan.seed - 1)
     first = engines.names[0]
-    warm = _tokens(rnd, plan.prefix + plan.suffix)
+    warm = tokens(rnd, plan.prefix + plan.suffix)
     engines.ask({first: {"cmd": "run", "prompt": warm, "max_tokens": 1}})
     engines.ask({n: {"cmd": "reset"} for n in engines.names})
     engines.ask(
         {n: {"cmd": "run", "prompt": warm, "kvcast": {"save": False}, "max_tokens": 1}
          for n in engines.names}
     )  # fmt: skip
-    other = _tokens(rnd, plan.prefix + plan.suffix)
+    other = tokens(rnd, plan.prefix + plan.suffix)
     engines.ask(
         {n: {"cmd": "run", "prompt": other, "kvcast": {"load": False, "save": False},
              "max_tokens": 1} for n in engines.names}
     )  # fmt: skip
     engines.ask({n: {"cmd": "reset"} for n in engines.names})
-
-
-def _mode_options(mode: str, i: int, group: int) -> dict[str, Any]:
-    if mode in ("recompute", "local"):
-        return {"load": False, "save": False}
-    if mode == "pool":
-        return {"save": False}
-    return {"save": False, "group": group, "role": "leader" if i == 0 else "follower"}
 
 
 def _sweep(
@@ -762,10 +447,10 @@ def _sweep(
             for n in plan.ns:
                 names = engines.names[:n]
                 rnd = random.Random(plan.seed + 1000 * rep + n)
-                prefix = _tokens(rnd, plan.prefix)
-                prompts = {name: prefix + _tokens(rnd, plan.suffix) for name in names}
+                prefix = tokens(rnd, plan.prefix)
+                prompts = {name: prefix + tokens(rnd, plan.suffix) for name in names}
                 # Host 1 prefills the prefix with saving on: the pool holds its blocks.
-                produce = prefix + _tokens(rnd, plan.suffix)
+                produce = prefix + tokens(rnd, plan.suffix)
                 rec = engines.ask(
                     {names[0]: {"cmd": "run", "prompt": produce, "kvcast": {"load": False},
                                 "max_tokens": 1}}
@@ -798,15 +483,15 @@ def _sweep(
                                     "kvcast": {"load": False, "save": False}, "max_tokens": 1}
                              for name in names}
                         )  # fmt: skip
-                    tx0 = _pool_tx_bytes(cluster)
+                    tx0 = checks.pool_tx_bytes(cluster)
                     start_at = time.time() + 1.0
                     recs = engines.ask(
                         {name: {"cmd": "run", "prompt": prompts[name],
-                                "kvcast": _mode_options(mode, i, group),
+                                "kvcast": mode_options(mode, i, group),
                                 "max_tokens": plan.max_tokens, "start_at": start_at}
                          for i, name in enumerate(names)}
                     )  # fmt: skip
-                    pool_tx = _pool_tx_bytes(cluster) - tx0
+                    pool_tx = checks.pool_tx_bytes(cluster) - tx0
                     if mode in ("multicast", "sram"):
                         cluster.remove_group(group)
                     if mode == "sram":
@@ -855,252 +540,6 @@ def _sweep(
                         f"loaded={sum(r['loaded_tokens'] for r in rows[-n:])} "
                         f"computed={sum(r['computed_tokens'] for r in rows[-n:])}"
                     )
-
-
-def _publish(engines: Engines, plan: Plan, rnd: random.Random) -> tuple[list[int], dict[str, Any]]:
-    """Host 1 computes a new prompt (nothing loaded) and publishes its blocks to the pool.
-
-    Returns:
-        The prompt and host 1's answer: the full prefill's output the checks compare with.
-    """
-    name = engines.names[0]
-    prompt = _tokens(rnd, plan.prefix + plan.suffix)
-    ref = engines.ask(
-        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"load": False},
-                "max_tokens": plan.max_tokens}}
-    )[name]  # fmt: skip
-    return prompt, ref
-
-
-def _switch_kill_check(
-    cluster: Any, engines: Engines, plan: Plan, prefill_us_per_token: float | None = None
-) -> dict[str, Any]:
-    """The switch dies while the engines load a prefix through it; it is started again.
-
-    Host 1 publishes a prefix; every engine drops its cache and gets the prompt through the
-    connector (each loads the prefix from the pool, through the switch). Once the pool has sent
-    an eighth of what they need, the switch process is killed (SIGKILL) and started again,
-    re-programmed by the experiment (its controller here). Twice: back after half a second
-    (``short``: the fetches wait and finish), and back after five seconds with the requests
-    carrying a load budget of ``prefill_us_per_token`` per token (``long``: a load may take what
-    recomputing would, then the engine computes what it lacks). Each engine must end with the
-    full prefill's output. Then every engine gets the prompt once more, through the restarted
-    switch.
-    """
-    names = engines.names
-    prompt, ref = _publish(engines, plan, random.Random(plan.seed - 13))
-    need = len(names) * plan.prefix * emu_kv_bytes_per_token()
-
-    def outage(down_s: float, kvcast: dict[str, Any]) -> dict[str, Any]:
-        events: dict[str, Any] = {}
-
-        def kill() -> None:
-            start = _pool_tx_bytes(cluster)
-            deadline = time.monotonic() + 60
-            while _pool_tx_bytes(cluster) - start < need // 8 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            events["pool_sent_at_kill"] = round((_pool_tx_bytes(cluster) - start) / need, 3)
-            cluster.switch.kill()
-            killed = time.monotonic()
-            time.sleep(down_s)
-            cluster.restart_switch()
-            events["down_s"] = round(time.monotonic() - killed, 3)
-
-        engines.ask({n: {"cmd": "reset"} for n in names})
-        killer = threading.Thread(target=kill, name="switch-kill")
-        killer.start()
-        start_at = time.time() + 1.0
-        try:
-            recs = engines.ask(
-                {n: {"cmd": "run", "prompt": prompt, "kvcast": kvcast,
-                     "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
-                timeout_s=600,
-            )  # fmt: skip
-        finally:
-            killer.join()
-        return {
-            **events,
-            "ttft_last_ms": round(max(r["ttft_s"] for r in recs.values()) * 1e3, 1),
-            "loaded_tokens": [r["loaded_tokens"] for r in recs.values()],
-            "computed_tokens": [r["computed_tokens"] for r in recs.values()],
-            "same_output": all(r["tokens"] == ref["tokens"] for r in recs.values()),
-        }
-
-    out: dict[str, Any] = {"short": outage(0.5, {"save": False})}
-    if prefill_us_per_token is not None and math.isfinite(prefill_us_per_token):
-        budget = {"save": False, "budget_us_per_token": prefill_us_per_token}
-        out["long"] = {"budget_us_per_token": prefill_us_per_token, **outage(5.0, budget)}
-    engines.ask({n: {"cmd": "reset"} for n in names})
-    after = engines.ask(
-        {n: {"cmd": "run", "prompt": prompt, "kvcast": {"save": False},
-             "max_tokens": plan.max_tokens} for n in names}, timeout_s=600,
-    )  # fmt: skip
-    out["after_restart"] = {
-        "loaded_tokens": [r["loaded_tokens"] for r in after.values()],
-        "same_output": all(r["tokens"] == ref["tokens"] for r in after.values()),
-    }
-    return out
-
-
-AGENTIC_BRANCH_TOKENS = 64
-"""Each branch's own (transient) tokens after the task's static prefix."""
-
-
-def _agentic_check(cluster: Any, engines: Engines, plan: Plan) -> dict[str, Any]:
-    """A task forks one branch per engine; the static prefix pushed, pulled, or neither.
-
-    The task's static prefix (``plan.prefix`` tokens: its system prompt and tool definitions,
-    declared static with ``static_tokens``) was published once by host 1. Each branch is that
-    prefix plus ``AGENTIC_BRANCH_TOKENS`` tokens of its own; branch i goes to engine i, all at
-    one instant, three ways, every engine's cache dropped first:
-
-    - ``neither``: no connector; every branch computes the whole prompt;
-    - ``pull``: each branch loads the prefix through the switch when it arrives (N pool reads
-      at once: the incast);
-    - ``push``: before the branches arrive, the static prefix is pushed: one pool read,
-      multicast by the switch to every engine of the group (one engine leads the group fetch,
-      the others take its stream), landed in each engine's own prefix cache; the experiment
-      plays the controller's part (the push planner's order: this prefix, every host of the
-      group). The branches then find it local.
-
-    Per mode: each branch's TTFT from the instant the branches arrive and the task's completion
-    (its last branch's end), tokens loaded, computed and found local, the pool's egress; for
-    ``push`` also the push's own time and egress. Every branch's output is compared with the
-    ``neither`` run's.
-    """
-    names = engines.names
-    rnd = random.Random(plan.seed - 17)
-    static = _tokens(rnd, plan.prefix)
-    branches = {n: static + _tokens(rnd, AGENTIC_BRANCH_TOKENS) for n in names}
-    engines.ask({n: {"cmd": "reset"} for n in names})
-    engines.ask(
-        {names[0]: {"cmd": "run", "prompt": static + _tokens(rnd, 16), "max_tokens": 1,
-                    "kvcast": {"load": False, "static_tokens": plan.prefix}}}
-    )  # fmt: skip
-    out: dict[str, Any] = {"branches": len(names), "static_tokens": plan.prefix}
-    reference: dict[str, list[int]] = {}
-    group = 0x7F00
-    for mode in ("neither", "pull", "push"):
-        engines.ask({n: {"cmd": "reset"} for n in names})
-        row: dict[str, Any] = {}
-        if mode == "push":
-            cluster.add_group(group, names)
-            tx0, t0 = _pool_tx_bytes(cluster), time.monotonic()
-            warm = engines.ask(
-                {n: {"cmd": "run", "prompt": static, "max_tokens": 1,
-                     "kvcast": {**_mode_options("multicast", i, group), "save": False}}
-                 for i, n in enumerate(names)}
-            )  # fmt: skip
-            row["push_s"] = round(time.monotonic() - t0, 3)
-            row["push_pool_bytes"] = _pool_tx_bytes(cluster) - tx0
-            row["push_loaded_tokens"] = [r["loaded_tokens"] for r in warm.values()]
-            cluster.remove_group(group)
-        opts = {"load": False, "save": False} if mode == "neither" else {"save": False}
-        tx0 = _pool_tx_bytes(cluster)
-        start_at = time.time() + 1.0
-        recs = engines.ask(
-            {n: {"cmd": "run", "prompt": branches[n], "kvcast": opts,
-                 "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
-            timeout_s=600,
-        )  # fmt: skip
-        if mode == "neither":
-            reference = {n: r["tokens"] for n, r in recs.items()}
-        ttfts = [r["ttft_s"] for r in recs.values()]
-        row.update(
-            ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 1),
-            ttft_max_ms=round(max(ttfts) * 1e3, 1),
-            task_ms=round(max(r["started"] + r["e2e_s"] for r in recs.values()) * 1e3
-                          - start_at * 1e3, 1),
-            pool_bytes=_pool_tx_bytes(cluster) - tx0,
-            loaded_tokens=[r["loaded_tokens"] for r in recs.values()],
-            local_tokens=[r["cached_tokens"] - r["loaded_tokens"] for r in recs.values()],
-            computed_tokens=[r["computed_tokens"] for r in recs.values()],
-            same_output=all(r["tokens"] == reference[n] for n, r in recs.items()),
-        )  # fmt: skip
-        out[mode] = row
-    return out
-
-
-def _dead_pool_check(engines: Engines, plan: Plan, pool_ip: str) -> dict[str, Any]:
-    """The pool node dies after publishing: every engine computes, right, and how much later.
-
-    Host 1 publishes a prefix; the pool node is killed (SIGKILL: its Mooncake master, started
-    by it, dies with it); every engine drops its own cache and gets the prompt, once asking the
-    connector to load (the pool's existence check and GETs now fail) and once not (a plain
-    prefill); then a request that needs no pool, to show the engine still serves.
-    """
-    names = engines.names
-    rnd = random.Random(plan.seed - 11)
-    prompt, ref = _publish(engines, plan, rnd)
-    killed = subprocess.run(
-        [
-            "pkill",
-            "-KILL",
-            "-f",
-            f"poolnode --backend mooncake --start-master --local-hostname {pool_ip} ",
-        ],
-        capture_output=True,
-    ).returncode
-    time.sleep(1.0)
-    out: dict[str, Any] = {"pool_killed": killed == 0}
-    for label, opts in (("through_connector", {"save": False}),
-                        ("plain_prefill", {"load": False, "save": False})):  # fmt: skip
-        engines.ask({n: {"cmd": "reset"} for n in names})
-        start_at = time.time() + 1.0
-        recs = engines.ask(
-            {n: {"cmd": "run", "prompt": prompt, "kvcast": opts, "max_tokens": plan.max_tokens,
-                 "start_at": start_at} for n in names}, timeout_s=600,
-        )  # fmt: skip
-        out[label] = {
-            "ttft_last_ms": round(max(r["ttft_s"] for r in recs.values()) * 1e3, 1),
-            "loaded_tokens": sum(r["loaded_tokens"] for r in recs.values()),
-            "computed_tokens": min(r["computed_tokens"] for r in recs.values()),
-            "same_output": all(r["tokens"] == ref["tokens"] for r in recs.values()),
-        }  # fmt: skip
-    after = engines.ask(
-        {n: {"cmd": "run", "prompt": _tokens(rnd, 64), "kvcast": {"load": False, "save": False},
-             "max_tokens": 2} for n in names}
-    )  # fmt: skip
-    out["engines_serve_after"] = all(len(r["tokens"]) == 2 for r in after.values())
-    out["stall_ms"] = round(
-        out["through_connector"]["ttft_last_ms"] - out["plain_prefill"]["ttft_last_ms"], 1
-    )
-    return out
-
-
-def _corrupt_check(engines: Engines, plan: Plan) -> dict[str, Any]:
-    """A chunk whose pool copy went bad (MAC keys on): the engine recomputes, same output.
-
-    Host 1 publishes a prefix; block 3's bytes in the pool are replaced by other bytes of the
-    same length (the pool node's CRC is then valid for the wrong bytes: only the MAC catches
-    it); host 1 drops its cache and runs the prompt again through the connector.
-    """
-    name = engines.names[0]
-    prompt, ref = _publish(engines, plan, random.Random(plan.seed - 7))
-    tenant, key = ref["saved"][3]
-    with tempfile.TemporaryDirectory(prefix="kvcast-corrupt-") as tmp:
-        good = Path(tmp) / "good.bin"
-        engines.ask({name: {"cmd": "read", "keys": [[tenant, key]], "path": str(good)}})
-        data = bytearray(good.read_bytes())
-        for i in range(0, len(data), 64):
-            data[i] ^= 0x5A
-        bad = Path(tmp) / "bad.bin"
-        bad.write_bytes(bytes(data))
-        engines.ask({name: {"cmd": "corrupt", "tenant": tenant, "key": key, "path": str(bad)}})
-    engines.ask({name: {"cmd": "reset"}})
-    got = engines.ask(
-        {name: {"cmd": "run", "prompt": prompt, "kvcast": {"save": False},
-                "max_tokens": plan.max_tokens}}
-    )[name]  # fmt: skip
-    conn = got["connector"]
-    return {
-        "corrupted_block": 3,
-        "loaded_tokens": got["loaded_tokens"],
-        "computed_tokens": got["computed_tokens"],
-        "chunks_failed": int(conn.get("chunks_failed", 0)),
-        "same_output": got["tokens"] == ref["tokens"],
-        "first_logprob_diff": abs(got["first_logprob"] - ref["first_logprob"]),
-    }
 
 
 def summarize(

@@ -26,6 +26,10 @@ then answers one JSON line per command read from standard input:
 
 Run: ``python -m experiments.serving_engine --model DIR --connector JSON [--core C]``.
 
+Classes:
+    EngineError: an engine process failed or answered with an error.
+    Engines: the experiment's side of these JSON lines: one engine process per GPU host.
+
 Functions:
     engine_env: the environment an engine process needs.
     build_engine: the vLLM engine.
@@ -38,14 +42,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from kvcast import procs
 
 BLOCK_SIZE = 32
 """Tokens per KV block: vLLM's CPU attention takes multiples of 32; one block is one chunk."""
 KV_CACHE_GIB = 1
+REPO = Path(__file__).resolve().parents[1]
+ENGINE_CMD = [sys.executable, "-m", "experiments.serving_engine"]
 
 
 def engine_env(core: int | None) -> dict[str, str]:
@@ -279,6 +290,142 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         del llm
     return 0
+
+
+class EngineError(RuntimeError):
+    """An engine process failed or answered with an error."""
+
+
+class Engines:
+    """One ``experiments.serving_engine`` process per GPU host, driven by JSON lines.
+
+    Args:
+        popen: ``popen(host, cmd, **kwargs)`` starts a process on a host (in its namespace).
+        names: the hosts.
+        connectors: each host's ``kv_connector_extra_config`` (None: no connector).
+        model: the model directory.
+        log_dir: where each engine's stderr goes.
+        max_model_len: the engines' longest prompt plus output.
+    """
+
+    def __init__(
+        self,
+        popen: Callable[..., subprocess.Popen[str]],
+        names: Sequence[str],
+        connectors: dict[str, dict[str, Any] | None],
+        model: Path,
+        log_dir: Path,
+        max_model_len: int = 4096,
+    ) -> None:
+        self.names = list(names)
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.logs: dict[str, Path] = {}
+        self.startup_s: dict[str, float] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(self.names):
+            log = log_dir / f"engine-{name}.log"
+            self.logs[name] = log
+            cmd = [
+                *ENGINE_CMD, "--model", str(model), "--core", str(i % (os.cpu_count() or 1)),
+                "--max-model-len", str(max_model_len),
+            ]  # fmt: skip
+            if connectors[name] is not None:
+                cmd += ["--connector", json.dumps(connectors[name])]
+            with log.open("w") as err:
+                self.procs[name] = popen(
+                    name, cmd, cwd=REPO, text=True, bufsize=1,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                )  # fmt: skip
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Waits for every engine's ready line.
+
+        Raises:
+            EngineError: an engine exited or stayed silent (its log's tail in the message).
+        """
+        deadline = time.monotonic() + timeout_s
+        for name in self.names:
+            rec = self._read(name, deadline)
+            if not rec.get("ready"):
+                raise EngineError(f"engine {name} did not start: {rec}")
+            self.startup_s[name] = float(rec["startup_s"])
+
+    def _read(self, name: str, deadline: float) -> dict[str, Any]:
+        proc = self.procs[name]
+        assert proc.stdout is not None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(f"engine {name}: no answer in time; {self.tail(name)}")
+            ready, _, _ = select.select([proc.stdout], [], [], left)
+            if not ready:
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise EngineError(f"engine {name} exited ({proc.poll()}); {self.tail(name)}")
+            if line.startswith("{"):
+                rec: dict[str, Any] = json.loads(line)
+                return rec
+
+    def tail(self, name: str, chars: int = 3000) -> str:
+        """The end of an engine's log."""
+        return f"log {self.logs[name]}:\n{self.logs[name].read_text(errors='replace')[-chars:]}"
+
+    def ask(
+        self, commands: dict[str, dict[str, Any]], timeout_s: float = 300.0
+    ) -> dict[str, dict[str, Any]]:
+        """Sends one command to each named engine and returns each one's answer.
+
+        Raises:
+            EngineError: an engine died, did not answer in time, or answered with an error.
+        """
+        for name, cmd in commands.items():
+            self.send(name, cmd)
+        deadline = time.monotonic() + timeout_s
+        out = {name: self._read(name, deadline) for name in commands}
+        for name, rec in out.items():
+            if "error" in rec:
+                raise EngineError(f"engine {name}: {rec['error']}")
+        return out
+
+    def send(self, name: str, cmd: dict[str, Any]) -> None:
+        """Sends one command to an engine without waiting for its answer."""
+        stdin = self.procs[name].stdin
+        assert stdin is not None
+        stdin.write(json.dumps(cmd) + "\n")
+        stdin.flush()
+
+    def wait_any(self, names: Sequence[str], timeout_s: float) -> list[tuple[str, dict[str, Any]]]:
+        """The answers of those of ``names`` that answer first (at least one).
+
+        Raises:
+            EngineError: none answered in time, one died, or one answered with an error.
+        """
+        streams: dict[Any, str] = {self.procs[n].stdout: n for n in names}
+        ready, _, _ = select.select(list(streams), [], [], timeout_s)
+        if not ready:
+            raise EngineError(f"no answer from {sorted(names)} in {timeout_s:.0f} s")
+        out = []
+        for stream in ready:
+            name = streams[stream]
+            rec = self._read(name, time.monotonic() + timeout_s)
+            if "error" in rec:
+                raise EngineError(f"engine {name}: {rec['error']}")
+            out.append((name, rec))
+        return out
+
+    def close(self) -> None:
+        """Asks every engine to quit, then ends those that do not."""
+        for proc in self.procs.values():
+            if proc.poll() is None and proc.stdin is not None:
+                try:
+                    proc.stdin.write('{"cmd": "quit"}\n')
+                    proc.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            procs.stop(proc, max(0.1, deadline - time.monotonic()), signal_first=False)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def fabric() -> Iterator[tuple[Any, Any]]:
 def _point(
     fabric: tuple[Any, Any], mode: str, group: int, nbytes: int = PREFIX, key: int = KEY
 ) -> Any:
-    from experiments.incast import MODES, run_point
+    from experiments.incast import run_point
+    from experiments.incast_results import MODES
 
     cluster, agents = fabric
     result = run_point(cluster, agents, MODES[mode], 4, nbytes, key, group=group)
@@ -267,7 +268,8 @@ def test_hosts_join_and_leave_a_tree(fabric: tuple[Any, Any]) -> None:
 
 def _point_existing_group(fabric: tuple[Any, Any], group: int, hosts: list[str]) -> dict[str, int]:
     """A multicast fetch of the prefix by ``hosts`` (h1 leads) in an existing group."""
-    from experiments.incast import MODES, _agent_cmd, _link_bytes, get_timeouts
+    from experiments.incast import _agent_cmd, _link_bytes, get_timeouts
+    from experiments.incast_results import MODES
 
     cluster, agents = fabric
     mode = MODES["b"]

@@ -1,4 +1,4 @@
-"""experiments.incast outputs from results alone (no cluster): CSVs, plot and the final table."""
+"""experiments.incast_results from results alone (no cluster): CSVs, plot and the final table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.incast import (
+from experiments.incast_results import (
     MODES,
     PointResult,
     fit_sim,

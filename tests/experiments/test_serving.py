@@ -43,7 +43,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if MOONCAKE_MISSING:
         pytest.skip(MOONCAKE_MISSING)
     from emulation.switches import RefSwitch
-    from experiments.serving import Plan, TracePlan, make_model, run
+    from experiments.serving import run
+    from experiments.serving_plan import Plan, TracePlan, make_model
 
     out = tmp_path_factory.mktemp("serving")
     model = make_model(out / "model")
@@ -150,7 +151,7 @@ def test_a_switch_killed_while_engines_load_costs_time_not_output(result: dict) 
 def test_a_pushed_static_prefix_is_local_to_every_branch_and_cost_one_pool_read(
     result: dict,
 ) -> None:
-    from experiments.serving import AGENTIC_BRANCH_TOKENS as OWN
+    from experiments.serving_checks import AGENTIC_BRANCH_TOKENS as OWN
 
     got = result["agentic"]
     prefix = PREFIX * 1024  # bytes: 1 KiB of KV per token

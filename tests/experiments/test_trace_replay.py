@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.trace_replay import block_key, distinct_blocks, main, plan_requests
+from experiments.trace_replay.plan import block_key, distinct_blocks, plan_requests
+from experiments.trace_replay.run import main
 from experiments.traces import SHIPPED_TRACE
 
 
@@ -86,7 +87,7 @@ def _row(t_start: float, t_done: float, **kw: int) -> dict[str, float]:
 
 
 def test_a_pool_outage_lasts_until_the_pool_is_back_not_until_the_first_hit() -> None:
-    from experiments.trace_replay import restart_outcome
+    from experiments.trace_replay.restarts import restart_outcome
 
     rows = [
         _row(100.1, 100.2, blocks_hit=1),  # a hit just after the kill at 100.0

@@ -26,7 +26,8 @@ Summaries = dict[str, dict[str, Any]]
 def results(tmp_path_factory: pytest.TempPathFactory) -> Summaries:
     if MININET_MISSING:
         pytest.skip(MININET_MISSING)
-    from experiments.trace_replay import plan_requests, run_experiment
+    from experiments.trace_replay.plan import plan_requests
+    from experiments.trace_replay.run import run_experiment
 
     trace = tmp_path_factory.mktemp("trace") / "shared.jsonl"
     trace.write_text(
