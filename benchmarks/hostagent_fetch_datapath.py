@@ -18,6 +18,7 @@ from benchmarks.hostagent_fetch_pool import JUMBO_MTU
 from benchmarks.udp_feed import KEY, SEED, TENANT  # the feed's chunk is the suite's
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.kvp import frag_count
 from kvcast.synthetic import synthetic_chunk
 
 
@@ -67,7 +68,7 @@ def measure_receive(
 
     if native is None:
         raise RuntimeError("kvcast._native not built: no native receive ceiling to compare with")
-    frags = -(-nbytes // c.FRAG_BYTES)
+    frags = frag_count(nbytes)
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     plain.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
     plain.bind(("127.0.0.1", 0))
@@ -166,7 +167,7 @@ def measure_send(nbytes: int, mtu: int, rounds: int, gso: bool = False) -> dict[
     backend = InMemoryBackend()
     backend.put(TENANT, KEY, data)
     handler = KvpGetHandler(backend, mtu=mtu, dedup_window=0)
-    n = -(-nbytes // c.FRAG_BYTES)
+    n = frag_count(nbytes)
     gets = [
         wire.get_message(TENANT, KEY, f, req_id=f, count=min(MAX_GET_FRAGMENTS, n - f))
         for f in range(0, n, MAX_GET_FRAGMENTS)

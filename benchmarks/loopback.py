@@ -64,6 +64,7 @@ from hostagent.fetch import FetchClient
 from hostagent.layout import KVLayout
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
+from kvcast.kvp import frag_count
 from kvcast.synthetic import parse_key, synthetic_chunk
 from poolnode.server import PoolServer, serve_asyncio
 
@@ -351,7 +352,7 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
         tx.close()
         rx.close()
     fetch_med, udp_med = statistics.median(fetch_s), statistics.median(udp_s)
-    frags = args.rounds * -(-args.nbytes // c.FRAG_BYTES)
+    frags = args.rounds * frag_count(args.nbytes)
     return {
         "nbytes": args.nbytes,
         "rounds": args.rounds,

@@ -36,6 +36,7 @@ from types import TracebackType
 
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.kvp import frag_count
 from kvcast.synthetic import synthetic_chunk
 
 TENANT, KEY, SEED = 1, 0xBE7C5, 3
@@ -54,7 +55,7 @@ def stream_messages(nbytes: int, frags_per_msg: int) -> list[tuple[bytes, memory
         ``(header, payload)`` pairs, as ``kvcast._native.send_batch`` takes them.
     """
     data = synthetic_chunk(TENANT, KEY, nbytes, SEED)
-    n = -(-nbytes // c.FRAG_BYTES)
+    n = frag_count(nbytes)
     out = []
     for first in range(0, n, frags_per_msg):
         lo = first * c.FRAG_BYTES

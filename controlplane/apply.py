@@ -29,7 +29,7 @@ from controlplane.errors import (
 )
 from controlplane.policies import Decision, EvictAction
 from controlplane.runtime import HitAccount, SwitchRuntime, TickStep, TickSummary
-from kvcast import p4constants as c
+from kvcast.kvp import frag_count
 
 __all__ = ["DecisionApplier"]
 
@@ -151,7 +151,7 @@ class DecisionApplier(TickStep):
             self._skip(rt, summary, "unknown_key")
             return
         tenant = info.tenant
-        frags = -(-info.nbytes // c.FRAG_BYTES) if info.nbytes is not None else None
+        frags = frag_count(info.nbytes) if info.nbytes is not None else None
         stats = rt.loader.allocator.stats()
         if stats.ranges >= stats.max_ranges or (frags is not None and stats.largest_free < frags):
             self._skip(rt, summary, "no_fit")

@@ -46,10 +46,10 @@ from controlplane.runtime import (
     SwitchRuntime,
     TickStep,
     TickSummary,
-    footprint,
 )
 from kvcast import p4constants as c
 from kvcast.kvclass import KvClass
+from kvcast.kvp import padded_bytes
 from kvcast.reports import AccessReport
 
 __all__ = ["Intake", "ReportIntake", "RoutedReport", "SwitchAccesses"]
@@ -291,7 +291,7 @@ class ReportIntake:
                 Access(
                     r.key,
                     r.tenant,
-                    footprint(r.size),
+                    padded_bytes(r.size),
                     host_id,
                     t,
                     r.hit,
@@ -516,7 +516,7 @@ class SwitchAccesses(TickStep):
             self._metrics.misses.labels(rt.name, "digest").inc()
             for _ in range(max(1, min(miss.estimate, cap))):
                 out.append(
-                    Access(miss.key, miss.tenant, footprint(nbytes), OBSERVER_HOST, now, False)
+                    Access(miss.key, miss.tenant, padded_bytes(nbytes), OBSERVER_HOST, now, False)
                 )
         return out
 

@@ -15,7 +15,6 @@ Classes:
         and keeps its gauges.
 
 Functions:
-    footprint: the SRAM bytes (whole fragment slots) of a chunk.
 """
 
 from __future__ import annotations
@@ -60,7 +59,6 @@ __all__ = [
     "SwitchRuntime",
     "TickStep",
     "TickSummary",
-    "footprint",
 ]
 
 _LOG = logging.getLogger("controlplane.daemon")
@@ -70,11 +68,6 @@ OBSERVER_HOST = -1
 
 MAX_TRACKED_KEYS = 1 << 20
 """The bound of every per-key table the daemon keeps (keys, doorkeeper, reuse, pushes)."""
-
-
-def footprint(nbytes: int) -> int:
-    """SRAM bytes a chunk occupies: whole fragment slots."""
-    return -(-nbytes // c.FRAG_BYTES) * c.FRAG_BYTES
 
 
 @dataclass

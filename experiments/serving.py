@@ -91,6 +91,7 @@ from experiments.serving_plan import (
     trace_requests,
 )
 from kvcast import p4constants as c
+from kvcast.kvp import frag_count
 from kvcast.ports import AGENT_PORT
 
 RESULTS = Path("results/serving")
@@ -469,7 +470,7 @@ def _sweep(
                     group = 100 + epoch
                     engines.ask({name: {"cmd": "reset"} for name in engines.names})
                     if mode == "sram":
-                        frags = -(-chunk // c.FRAG_BYTES)
+                        frags = frag_count(chunk)
                         for j, (tenant, key) in enumerate(keys):
                             client.load_chunk(
                                 tenant, key, blob[j * chunk : (j + 1) * chunk],

@@ -22,6 +22,7 @@ from collections import Counter
 from fuzz.mutators import mutate_frame, mutate_payload
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.kvp import frag_count
 
 __all__ = ["FuzzError", "frame_seeds", "run_agent", "run_bmv2", "run_pool", "run_refswitch"]
 
@@ -235,7 +236,7 @@ def run_agent(count: int, seed: int) -> Counter[str]:
     chunk = rng.randbytes(64 * c.FRAG_BYTES - 3)
     backend = InMemoryBackend()
     backend.put(tenant, key, chunk)
-    n = -(-len(chunk) // c.FRAG_BYTES)
+    n = frag_count(len(chunk))
     seeds = [
         wire.data_message(tenant, key, i, n, chunk[i * c.FRAG_BYTES : (i + 5) * c.FRAG_BYTES])
         for i in range(0, n, 5)

@@ -52,6 +52,7 @@ from controlplane.errors import (
 )
 from controlplane.p4rt import SessionInfo, SwitchClient
 from kvcast import p4constants as c
+from kvcast.kvp import frag_count
 from kvcast.wire import FRAME_KVP_OFFSET, KvpHeader, WireError, udp_frame, write_message
 
 _LOG = logging.getLogger(__name__)
@@ -371,7 +372,7 @@ class FragmentLoader:
     def _frag_count(data: bytes) -> int:
         if not data:
             raise ConfigError("a chunk needs at least one byte")
-        count = -(-len(data) // c.FRAG_BYTES)
+        count = frag_count(len(data))
         if count >= 1 << 16:
             raise ConfigError(f"{count} fragments exceed the 16-bit frag_count")
         return count

@@ -19,7 +19,7 @@ from typing import Any
 
 from experiments.trace_replay.plan import DEFAULT_BLOCK_BYTES, SEED, TENANT
 from kvcast import p4constants as c
-from kvcast.kvp import DEFAULT_MTU
+from kvcast.kvp import DEFAULT_MTU, frag_count
 from kvcast.reports import AccessReport, ReportClient
 
 
@@ -72,7 +72,7 @@ def agent_main(argv: Sequence[str]) -> int:
         return 2
     reporter = ReportClient(args.report_url, timeout_s=5.0)
     dst = torch.empty(args.block_bytes, dtype=torch.uint8)
-    frag_count = -(-args.block_bytes // c.FRAG_BYTES)
+    nfrags = frag_count(args.block_bytes)
     print(f"agent ready {args.name}", file=sys.stderr, flush=True)
     with client:
         for line in sys.stdin:
@@ -102,7 +102,7 @@ def agent_main(argv: Sequence[str]) -> int:
             parent: int | None = None
             for pos, key in enumerate(fetch):
                 report = client.fetch(args.tenant, key, dst, args.block_bytes)
-                hit = report.ok and report.frags_hit == frag_count
+                hit = report.ok and report.frags_hit == nfrags
                 row["blocks_hit"] += int(hit)
                 row["frags_hit"] += report.frags_hit
                 row["frags_pool"] += report.frags_pool

@@ -62,6 +62,7 @@ from experiments.trace_replay.restarts import (
     restart_outcome,
 )
 from kvcast import p4constants as c
+from kvcast.kvp import frag_count
 
 if TYPE_CHECKING:
     from emulation.network import Cluster
@@ -293,7 +294,7 @@ def run_replay(
             restart.start(t0 + restart_switch_after_s)
         elif restart_controller_after_s is not None:
             address = cluster.switch.process.address if cluster.switch.process else ""
-            frags = -(-block_bytes // c.FRAG_BYTES) if kill_controller_during_load else None
+            frags = frag_count(block_bytes) if kill_controller_during_load else None
             restart = ControllerRestart(daemon, address, metrics_port, during_load_frags=frags)
             restart.start(t0 + restart_controller_after_s)
         elif restart_pool_after_s is not None:
