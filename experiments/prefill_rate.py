@@ -7,10 +7,20 @@ weights (the shape, not the weights, sets the time), prefilled at several prompt
 cached-prefix step: the prefix's KV copied from pinned host memory into the GPU (what a fetch
 ends with) and only the suffix computed. It prints one line per measurement and a JSON summary.
 
-With ``--load-tokens N`` it also times the connector's own copy path on the device: the KV of N
-tokens, in vLLM blocks of 16, copied chunk by chunk from pinned host memory into vLLM's paged
-per-layer caches with ``hostagent.layout.scatter_to_paged`` (what ``KvcastConnector`` does with
-every fetched chunk).
+With ``--pipeline`` it runs the cached-prefix step with the prefix's KV arriving over a network
+of a given rate (``--rates``, Gb/s per host: a lone host's NIC share, or the pool NIC's rate over
+N for N hosts reading by unicast at once): the bytes are released layer by layer at the times a
+transfer of that rate would deliver them (layer-major order: every chunk's layer 0 first), each
+layer copied into the GPU on a copy stream as it lands, and the suffix's forward run two ways:
+``serial`` (the forward starts once the whole prefix is in, what a connector that waits for the
+whole load on its first layer does) and ``layered`` (layer l's forward waits for layer l's KV
+only, what ``wait_for_layer_load`` per layer allows). The last-token logits of both are compared
+with the step's on KV already in place: a layer that ran before its KV landed reads zeros.
+
+With ``--load-tokens N`` it also times the connector's copy path on the device: the KV of N
+tokens, in vLLM blocks of 16, copied from pinned host memory into vLLM's paged per-layer caches,
+chunk by chunk with ``hostagent.layout.scatter_to_paged`` and as one batch with
+``scatter_many_to_paged``.
 
 Run: ``python -m experiments.prefill_rate --shape llama-3-8b --out results/prefill``.
 
@@ -18,6 +28,7 @@ Functions:
     model_shape: the config of a named shape.
     measure: prefill and cached-prefix times for one shape.
     measure_scatter: the connector's chunk-to-paged-cache copy for one shape.
+    measure_pipeline: the cached-prefix step with the KV arriving at a rate, serial and layered.
     main: command line.
 """
 
@@ -141,14 +152,18 @@ def measure(
 
 
 def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[str, Any]:
-    """Times ``scatter_to_paged`` of ``tokens`` tokens of KV into paged caches on ``device``.
+    """Times moving ``tokens`` tokens of KV into paged caches on ``device``, two ways.
+
+    ``scatter_to_paged`` per block (two copies per block and layer) and ``scatter_many_to_paged``
+    for the whole batch (one staging copy per chunk, one indexed copy per layer).
 
     Returns:
-        ``{"shape", "tokens", "blocks", "bytes", "s", "gbps"}`` (median of ``repeats``).
+        ``{"shape", "tokens", "blocks", "bytes", "s", "gbps", "batched_s", "batched_gbps",
+        "equal"}`` (medians of ``repeats``; ``equal``: both left the same bytes).
     """
     import torch
 
-    from hostagent.layout import KVLayout, scatter_to_paged
+    from hostagent.layout import KVLayout, scatter_many_to_paged, scatter_to_paged
 
     cfg = SHAPES[shape]
     block = 16
@@ -157,17 +172,13 @@ def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[
         block_size=block,
     )  # fmt: skip
     blocks = tokens // block
-    caches = [
-        torch.zeros(
-            blocks,
-            cfg["num_key_value_heads"],
-            block,
-            2 * cfg["head_dim"],
-            dtype=torch.bfloat16,
-            device=device,
-        )  # fmt: skip
-        for _ in range(cfg["num_hidden_layers"])
-    ]
+
+    def paged() -> list[Any]:
+        shape = (blocks, cfg["num_key_value_heads"], block, 2 * cfg["head_dim"])
+        return [torch.zeros(shape, dtype=torch.bfloat16, device=device)
+                for _ in range(cfg["num_hidden_layers"])]  # fmt: skip
+
+    caches, batched = paged(), paged()
     pin = device == "cuda"
     chunks = [layout.alloc_chunk(pin=pin) for _ in range(4)]
     for ch in chunks:
@@ -177,13 +188,232 @@ def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[
         for b in range(blocks):
             scatter_to_paged(layout, chunks[b % 4], caches, b, "bhnc", non_blocking=pin)
 
+    batch = [chunks[b % 4] for b in range(blocks)]
+    targets = [(b, b) for b in range(blocks)]
+
+    def run_batched() -> None:
+        scatter_many_to_paged(layout, batch, batched, targets, "bhnc", non_blocking=pin)
+
     _timed(run, device, 1)
     med = statistics.median(_timed(run, device, repeats))
+    _timed(run_batched, device, 1)
+    med_b = statistics.median(_timed(run_batched, device, repeats))
     nbytes = blocks * layout.chunk_bytes
+    same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+               for a, b in zip(caches, batched, strict=True))  # fmt: skip
     out = {"shape": shape, "tokens": tokens, "blocks": blocks, "bytes": nbytes, "s": med,
-           "gbps": nbytes * 8 / med / 1e9}  # fmt: skip
+           "gbps": nbytes * 8 / med / 1e9, "batched_s": med_b,
+           "batched_gbps": nbytes * 8 / med_b / 1e9, "equal": same}  # fmt: skip
     print(f"scatter shape={shape} tokens={tokens} blocks={blocks} mib={nbytes / 2**20:.0f} "
-          f"s={med:.4f} gbps={out['gbps']:.1f}", flush=True)  # fmt: skip
+          f"s={med:.4f} gbps={out['gbps']:.1f} batched_s={med_b:.4f} "
+          f"batched_gbps={out['batched_gbps']:.1f} equal={same}", flush=True)  # fmt: skip
+    return out
+
+
+class _Arrival:
+    """Releases a prefix's per-layer KV into device buffers at the times a link would deliver it.
+
+    A thread sleeps until layer l's last byte would have arrived (``start + (l + 1) *
+    fetch_s / layers``), then copies the layer's keys and values into their device buffers (on its
+    own CUDA stream where the device has one) and marks the layer ready. ``wait(l)`` blocks the
+    caller until layer l is ready and makes the caller's stream wait for the copy.
+    """
+
+    def __init__(self, host: list[tuple[Any, Any]], dev: list[tuple[Any, Any]], device: str):
+        import threading
+
+        import torch
+
+        self._host, self._dev, self._device = host, dev, device
+        self._ready = [threading.Event() for _ in host]
+        self._events: list[Any] = [None] * len(host)
+        self._stream = torch.cuda.Stream() if device == "cuda" else None  # type: ignore[no-untyped-call]
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, t0: float, fetch_s: float) -> None:
+        """Starts releasing layers as a transfer of ``fetch_s`` seconds that began at ``t0``."""
+        import threading
+
+        self._thread = threading.Thread(target=self._run, args=(t0, fetch_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, t0: float, fetch_s: float) -> None:
+        import torch
+
+        try:
+            with torch.inference_mode():
+                self._release(t0, fetch_s)
+        except BaseException as e:  # the forward waiting on a layer must not hang
+            self._error = e
+            for ev in self._ready:
+                ev.set()
+            raise
+
+    def _release(self, t0: float, fetch_s: float) -> None:
+        import torch
+
+        n = len(self._host)
+        for i, ((hk, hv), (dk, dv)) in enumerate(zip(self._host, self._dev, strict=True)):
+            delay = t0 + (i + 1) * fetch_s / n - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    dk.copy_(hk, non_blocking=True)
+                    dv.copy_(hv, non_blocking=True)
+                    ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    ev.record(self._stream)
+                self._events[i] = ev
+            else:
+                dk.copy_(hk)
+                dv.copy_(hv)
+            self._ready[i].set()
+
+    def wait(self, layer: int) -> None:
+        """Blocks until ``layer`` has landed; on CUDA the current stream waits for its copy."""
+        import torch
+
+        self._ready[layer].wait()
+        if self._error is not None:
+            raise RuntimeError(f"layer {layer} never landed") from self._error
+        if self._events[layer] is not None:
+            torch.cuda.current_stream().wait_event(self._events[layer])
+
+    def wait_all(self) -> None:
+        """Blocks until every layer has landed."""
+        for layer in range(len(self._ready)):
+            self.wait(layer)
+
+    def join(self) -> None:
+        """Waits for the release thread to end."""
+        if self._thread is not None:
+            self._thread.join()
+
+
+def measure_pipeline(
+    shape: str, lengths: list[int], suffix: int, rates_gbps: list[float], repeats: int,
+    device: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The cached-prefix step with the prefix's KV arriving at each rate, serial and layered.
+
+    Returns:
+        ``{"shape", "device", "kv_bytes_per_token", "points": [...]}``; a point has the prompt
+        length, the rate, the transfer time, ``serial_s`` and ``layered_s`` (medians of
+        ``repeats``, from the transfer's start to the last-token logits), ``compute_s`` (the step
+        with the KV already in place), ``equal`` (both modes' last-token logits equal that
+        step's) and ``max_diff`` (their largest difference).
+    """
+    import torch
+    import transformers
+
+    cfg = model_shape(shape)
+    torch.manual_seed(0)
+    llama: Any = transformers.LlamaForCausalLM
+    with torch.device(device):
+        model = llama(cfg).to(torch.bfloat16).eval()
+    layers = model.model.layers
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    gen = torch.Generator().manual_seed(2)
+    out: dict[str, Any] = {
+        "shape": shape,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "kv_bytes_per_token": kv_per_token,
+        "points": [],
+    }
+    pin = device == "cuda"
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.inference_mode():
+        for n in lengths:
+            pre = n - suffix
+            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device)
+            res = model(input_ids=ids[:, :pre], use_cache=True)
+            host = [
+                (layer.keys.to("cpu").pin_memory() if pin else layer.keys.clone(),
+                 layer.values.to("cpu").pin_memory() if pin else layer.values.clone())
+                for layer in res.past_key_values.layers
+            ]  # fmt: skip
+            del res
+
+            def prepared(dev: list[Any]) -> tuple[Any, list[tuple[Any, Any]]]:
+                """A cache holding ``dev``'s KV, and its own tensors (``update`` copies)."""
+                cache: Any = transformers.DynamicCache()
+                for i, (k, v) in enumerate(dev):
+                    cache.update(k, v, i)
+                return cache, [(lay.keys, lay.values) for lay in cache.layers]
+
+            def step(
+                cache: Any, arrival: _Arrival | None, layered: bool, ids: Any = ids, pre: int = pre
+            ) -> Any:
+                hooks = []
+                if arrival is not None and layered:
+                    hooks = [
+                        mod.register_forward_pre_hook(
+                            lambda _m, _a, i=i: arrival.wait(i)  # type: ignore[misc]
+                        )
+                        for i, mod in enumerate(layers)
+                    ]
+                elif arrival is not None:
+                    hooks = [layers[0].register_forward_pre_hook(
+                        lambda _m, _a: arrival.wait_all()  # type: ignore[misc]
+                    )]  # fmt: skip
+                try:
+                    return model(input_ids=ids[:, pre:], past_key_values=cache, use_cache=True)
+                finally:
+                    for h in hooks:
+                        h.remove()
+
+            full = [(k.to(device), v.to(device)) for k, v in host]
+            compute = []
+            for r in range(repeats + 1):
+                cache, _ = prepared(full)
+                sync()
+                t0 = time.perf_counter()
+                ref = step(cache, None, False).logits[0, -1].float().cpu()
+                sync()
+                if r:
+                    compute.append(time.perf_counter() - t0)
+            empty = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in full]
+            del full, cache
+            for rate in rates_gbps:
+                fetch_s = pre * kv_per_token * 8 / (rate * 1e9)
+                point: dict[str, Any] = {
+                    "tokens": n, "prefix": pre, "suffix": suffix, "rate_gbps": rate,
+                    "kv_bytes": pre * kv_per_token, "fetch_s": fetch_s,
+                    "compute_s": statistics.median(compute),
+                }  # fmt: skip
+                logits: dict[str, Any] = {}
+                for mode in ("serial", "layered"):
+                    times = []
+                    for r in range(repeats + 1):
+                        cache, land = prepared(empty)
+                        arrival = _Arrival(host, land, device)
+                        sync()
+                        t0 = time.perf_counter()
+                        arrival.start(t0, fetch_s)
+                        res = step(cache, arrival, mode == "layered")
+                        sync()
+                        dt = time.perf_counter() - t0
+                        arrival.join()
+                        if r:
+                            times.append(dt)
+                    logits[mode] = res.logits[0, -1].float().cpu()
+                    del cache, land, res
+                    point[f"{mode}_s"] = statistics.median(times)
+                point["max_diff"] = max(float((x - ref).abs().max()) for x in logits.values())
+                point["equal"] = all(bool(torch.equal(x, ref)) for x in logits.values())
+                out["points"].append(point)
+                print(f"pipeline shape={shape} tokens={n} rate_gbps={rate:g} "
+                      f"fetch_ms={fetch_s * 1e3:.1f} compute_ms={point['compute_s'] * 1e3:.1f} "
+                      f"serial_ms={point['serial_s'] * 1e3:.1f} "
+                      f"layered_ms={point['layered_s'] * 1e3:.1f} equal={point['equal']} "
+                      f"max_diff={point['max_diff']:.3g}",
+                      flush=True)  # fmt: skip
+            del host, empty
     return out
 
 
@@ -196,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where present)")
     p.add_argument("--load-tokens", type=int, default=0, help="also time scatter_to_paged")
+    p.add_argument("--pipeline", action="store_true", help="also the layered cached step")
+    p.add_argument("--rates", default="400,50,12.5", help="--pipeline's link rates, Gb/s")
     p.add_argument("--out", type=Path, default=Path("results/prefill"))
     args = p.parse_args(argv)
     import torch
@@ -208,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(measure(s, lengths, args.suffix, args.repeats, device))
         if args.load_tokens:
             results.append(measure_scatter(s, args.load_tokens, device, args.repeats))
+        if args.pipeline:
+            rates = [float(x) for x in args.rates.split(",") if x]
+            results.append(measure_pipeline(s, lengths, args.suffix, rates, args.repeats, device))
         if device == "cuda":
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)

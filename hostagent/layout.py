@@ -36,6 +36,9 @@ tensors a cache is rebuilt from (``kv_from_blocks``).
 Functions:
     dtype_from_name: ``"bfloat16"`` -> ``torch.bfloat16``.
     scatter_to_paged: copy a chunk into a block of vLLM's per-layer paged KV tensors.
+    scatter_many_to_paged: copy a batch of chunks into many blocks at once: one host-to-device
+        copy of the batch, then one indexed copy per layer (what a step's load needs on a GPU,
+        where a copy call per block and layer costs more than the bytes).
     gather_from_paged: copy a block of vLLM's per-layer paged KV tensors into a chunk.
     block_from_kv: pack one block of per-layer ``[kv_heads, seq, head_dim]`` keys and values
         (Hugging Face's layout, one sequence) into a chunk.
@@ -326,6 +329,69 @@ def scatter_to_paged(
     """
     for part, slot in _paged_pairs(layout, chunk, kv_caches, block_id, paged):
         slot.copy_(part, non_blocking=non_blocking)
+
+
+def scatter_many_to_paged(
+    layout: KVLayout,
+    chunks: Sequence[torch.Tensor],
+    kv_caches: Sequence[torch.Tensor],
+    targets: Sequence[tuple[int, int]],
+    paged: PagedLayout = "flash_attn",
+    layers: Sequence[int] | None = None,
+    non_blocking: bool = False,
+) -> None:
+    """Copies a batch of chunks into blocks of vLLM's per-layer KV tensors, batched per layer.
+
+    The chunks are staged once on the caches' device (one whole-chunk copy each, from pinned
+    memory asynchronously where allowed), then each layer gets one indexed copy
+    (``index_copy_``) of every target block: ``num_layers`` kernels for the batch where
+    ``scatter_to_paged`` needs one to two copies per block and layer. The result is the same as
+    ``scatter_to_paged(layout, chunks[i], kv_caches, block_id, paged)`` for every target.
+
+    Args:
+        layout: the chunk layout.
+        chunks: the chunks' bytes (1-D uint8 tensors of ``layout.chunk_bytes`` each).
+        kv_caches: one tensor per layer, as for ``scatter_to_paged``.
+        targets: ``(index into chunks, block id)`` pairs; a chunk may fill several blocks, a
+            block is filled once.
+        paged: which of vLLM's paged layouts ``kv_caches`` use.
+        layers: copy only these layers (default: all), e.g. the layers whose bytes have landed.
+        non_blocking: let pinned-host-to-GPU copies run asynchronously on the current CUDA
+            stream; the chunks must then stay untouched until that stream has synchronized.
+
+    Raises:
+        LayoutError: the tensors do not match the layout, a target names no chunk, or a block
+            is named twice.
+    """
+    if not targets:
+        return
+    _check_paged(layout, kv_caches, paged)
+    for ch in chunks:
+        layout.check_chunk(ch)
+    if any(not 0 <= i < len(chunks) for i, _ in targets):
+        raise LayoutError(f"a target names a chunk outside 0..{len(chunks) - 1}")
+    blocks = [b for _, b in targets]
+    if len(set(blocks)) != len(blocks):
+        raise LayoutError("a block is named twice in one scatter")
+    device = kv_caches[0].device
+    staged = torch.empty((len(chunks), *layout.shape), dtype=layout.dtype, device=device)
+    for row, ch in zip(staged, chunks, strict=True):
+        row.copy_(layout.view(ch), non_blocking=non_blocking)
+    pick = torch.tensor([i for i, _ in targets], device=device)
+    idx = torch.tensor(blocks, device=device)
+    identity = [i for i, _ in targets] == list(range(len(chunks)))
+    src_all = staged if identity else staged.index_select(0, pick)
+    d = layout.head_dim
+    for layer in range(layout.num_layers) if layers is None else layers:
+        src = src_all[:, layer]  # [n, 2, B, H, D]
+        kv = kv_caches[layer]
+        if paged == "bhnc":  # [n, 2, B, H, D] -> [n, H, B, 2 x D]: keys and values side by side
+            n, _, b, h, _ = src.shape
+            kv.index_copy_(0, idx, src.permute(0, 3, 2, 1, 4).reshape(n, h, b, 2 * d))
+        elif paged == "flash_attn":  # [2, num_blocks, B, H, D]
+            kv.index_copy_(1, idx, src.transpose(0, 1))
+        else:  # flashinfer: [num_blocks, 2, B, H, D]
+            kv.index_copy_(0, idx, src)
 
 
 def gather_from_paged(

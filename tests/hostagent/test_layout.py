@@ -205,3 +205,52 @@ def test_block_from_kv_refuses_tensors_that_do_not_fit(bad: str) -> None:
 def test_kv_from_blocks_needs_a_chunk() -> None:
     with pytest.raises(LayoutError, match="at least one"):
         kv_from_blocks(KVLayout(1, 1, 4, torch.float32, block_size=2), [])
+
+
+@pytest.mark.parametrize("paged", ["flash_attn", "flashinfer", "bhnc"])
+def test_a_batched_scatter_fills_every_block_as_one_scatter_per_block_does(paged: str) -> None:
+    from hostagent.layout import scatter_many_to_paged
+
+    layout = KVLayout(3, 2, 8, torch.float16, block_size=4)
+    gen = torch.Generator().manual_seed(5)
+    chunks = [torch.randint(0, 256, (layout.chunk_bytes,), dtype=torch.uint8, generator=gen)
+              for _ in range(3)]  # fmt: skip
+    # Chunk 1 fills two blocks (two requests sharing a prefix), blocks out of order.
+    targets = [(0, 6), (1, 2), (2, 0), (1, 4)]
+
+    def caches() -> list[torch.Tensor]:
+        if paged == "bhnc":
+            return [torch.zeros(8, 2, 4, 16, dtype=torch.float16) for _ in range(3)]
+        if paged == "flash_attn":
+            return [torch.zeros(2, 8, 4, 2, 8, dtype=torch.float16) for _ in range(3)]
+        return [torch.zeros(8, 2, 4, 2, 8, dtype=torch.float16) for _ in range(3)]
+
+    one_by_one, batched = caches(), caches()
+    for i, block in targets:
+        scatter_to_paged(layout, chunks[i], one_by_one, block, paged)  # type: ignore[arg-type]
+    scatter_many_to_paged(layout, chunks, batched, targets, paged)  # type: ignore[arg-type]
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:  # bitwise: random bytes hold NaNs
+        return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+    assert all(same(a, b) for a, b in zip(one_by_one, batched, strict=True))
+    assert any(bool(a.view(torch.int16).any()) for a in batched)
+    # Only the layers named: layer 1 stays empty.
+    some = caches()
+    scatter_many_to_paged(layout, chunks, some, targets, paged, layers=[0, 2])  # type: ignore[arg-type]
+    assert same(some[0], one_by_one[0]) and same(some[2], one_by_one[2])
+    assert not some[1].view(torch.int16).any()
+
+
+def test_a_batched_scatter_refuses_a_block_named_twice_or_a_missing_chunk() -> None:
+    from hostagent.layout import scatter_many_to_paged
+
+    layout = KVLayout(1, 1, 8, torch.float16, block_size=4)
+    chunk = layout.alloc_chunk(pin=False)
+    kv = [torch.zeros(2, 8, 4, 1, 8, dtype=torch.float16)]
+    with pytest.raises(LayoutError, match="twice"):
+        scatter_many_to_paged(layout, [chunk, chunk], kv, [(0, 1), (1, 1)])
+    with pytest.raises(LayoutError, match="outside"):
+        scatter_many_to_paged(layout, [chunk], kv, [(1, 1)])
+    with pytest.raises(LayoutError):
+        scatter_many_to_paged(layout, [chunk[:-1]], kv, [(0, 1)])
