@@ -36,7 +36,7 @@ import torch
 
 from hostagent.chunkkeys import ChunkKey, ChunkKeyer, wire_key
 from hostagent.fetch import FetchClient
-from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_to_paged
+from hostagent.layout import KVLayout, PagedLayout, gather_from_paged, scatter_many_to_paged
 from hostagent.producer import Producer
 from hostagent.vllm_connector.config import (
     ConnectorConfig,
@@ -313,6 +313,8 @@ class KvcastWorker:
                 client.deadline_s = base_deadline_s
             if len(got) < len(batch):  # stopped after a failure: the rest is considered again
                 at = batch[len(got)][0]
+            chunks: list[torch.Tensor] = []
+            targets: list[tuple[int, int]] = []  # (index in chunks, block id)
             for (_, load), buf, report in zip(batch, bufs, got, strict=False):
                 live = [(r, b) for r, b in load.targets if r not in failed_reqs]
                 failed.update(b for r, b in load.targets if r in failed_reqs)
@@ -322,8 +324,11 @@ class KvcastWorker:
                     failed_reqs.update(r for r, _ in live)
                     failed.update(b for _, b in live)
                     continue
-                for _, block_id in live:
-                    scatter_to_paged(layout, buf, self._caches, block_id, self._paged)
+                chunks.append(buf)
+                targets.extend((len(chunks) - 1, block_id) for _, block_id in live)
+            # One batched copy per layer for the batch's verified chunks (a copy per block and
+            # layer costs more than the bytes on a GPU: docs/results.md).
+            scatter_many_to_paged(layout, chunks, self._caches, targets, self._paged)
         return 0
 
     def _fetch(
