@@ -349,11 +349,11 @@ class Controller:
                             extra={"event": "push_group_error", "switch": name},
                         )
                         continue
-                    pusher.use_group(name, group, created)
-                if pusher.send(name, order, hosts, group):
+                if pusher.send(name, order, hosts, group, created):
                     pulls[name] += order.pool_bytes
                 elif created:
-                    await rt.multicast.delete_group(group)
+                    with contextlib.suppress(ControlPlaneError):  # made for nothing
+                        await rt.multicast.delete_group(group)
 
     def _plan_pushes(self, pulls: Mapping[str, int], now: float) -> None:
         """Plans and counts each switch's pushes of static chunks."""

@@ -284,6 +284,8 @@ class EnginePusher:
         self._retry_at: dict[str, float] = {}
         self._seen: set[str] = set()
         self._groups: dict[tuple[str, int], int] = {}  # groups it created -> flights using them
+        # The planners are changed by the tick and read by GET /v1/static (an HTTP thread).
+        self._held_lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -332,7 +334,8 @@ class EnginePusher:
         """The registered prefixes and, per switch, the hosts known to hold each."""
         out = []
         for p in self.registry.prefixes():
-            held = sorted(h for pl in self._planners.values() for h in pl.holders(p.id))
+            with self._held_lock:
+                held = sorted(h for pl in self._planners.values() for h in pl.holders(p.id))
             out.append(
                 {
                     "id": f"{p.id:016x}",
@@ -362,7 +365,8 @@ class EnginePusher:
             if h.switch == switch and self._retry_at.get(h.name, 0.0) <= now
         ]
         candidates = [PushCandidate(p.tenant, p.id, p.nbytes) for p in self.registry.prefixes()]
-        return self._planners[switch].plan(candidates, hosts, pull_bytes=pull_bytes)
+        with self._held_lock:
+            return self._planners[switch].plan(candidates, hosts, pull_bytes=pull_bytes)
 
     def admit(self, switch: str, order: PushOrder) -> tuple[str, ...]:
         """The order's hosts that may receive it: an engine, bound to the prefix's tenant.
@@ -386,16 +390,27 @@ class EnginePusher:
 
     def cancel(self, switch: str, order: PushOrder, hosts: Iterable[str]) -> None:
         """An order that could not be sent (no group): its hosts are planned again next tick."""
-        for name in hosts:
-            self._planners[switch].forget(order.key, name)
+        with self._held_lock:
+            for name in hosts:
+                self._planners[switch].forget(order.key, name)
 
-    def use_group(self, switch: str, group: int, created: bool) -> None:
-        """A flight about to use ``group``; ``created``: the pusher made it for its pushes."""
-        if created or (switch, group) in self._groups:
-            self._groups[(switch, group)] = self._groups.get((switch, group), 0) + 1
-
-    def send(self, switch: str, order: PushOrder, hosts: tuple[str, ...], group: int) -> bool:
+    def send(
+        self,
+        switch: str,
+        order: PushOrder,
+        hosts: tuple[str, ...],
+        group: int = 0,
+        created: bool = False,
+    ) -> bool:
         """Sends the order to ``hosts`` (from :meth:`admit`), the first leading ``group``.
+
+        Args:
+            switch: the switch whose hosts they are.
+            order: the planned order.
+            hosts: who gets it.
+            group: the multicast group of exactly ``hosts`` (0: one host, none).
+            created: the daemon made ``group`` for the pusher (deleted once no flight uses it;
+                :meth:`collect` says when).
 
         Returns:
             Whether it was sent (False: the prefix is no longer registered).
@@ -403,6 +418,8 @@ class EnginePusher:
         prefix = self.registry.get(order.key)
         if prefix is None:
             return False
+        if group and (created or (switch, group) in self._groups):
+            self._groups[(switch, group)] = self._groups.get((switch, group), 0) + 1
         flight = Flight(switch, order.key, order.nbytes, group)
         for i, name in enumerate(hosts):
             body = completion_body(prefix, group=group, leader=i == 0, model=self._spec.model)
@@ -445,7 +462,8 @@ class EnginePusher:
                     self._retry_at.pop(name, None)
                     continue
                 self._metrics.push_requests.labels(flight.switch, "failed").inc()
-                self._planners[flight.switch].forget(flight.key, name)
+                with self._held_lock:
+                    self._planners[flight.switch].forget(flight.key, name)
                 self._retry_at[name] = now + self._spec.retry_s
                 _LOG.warning(
                     "push to %s failed: %s",
