@@ -174,7 +174,9 @@ class ControllerMetrics:
             "Pool-link bytes of the static prefixes sent to engines (one copy per order)",
             "switch",
         )
-        self.push_inflight = gauge("push_inflight", "Push requests not answered yet")
+        self.push_inflight = gauge(
+            "push_inflight", "Push requests sent and not counted yet (answers count at a tick)"
+        )
         self.static_prefixes = gauge("static_prefixes", "Static prefixes registered for pushes")
         self.static_registrations = counter(
             "static_registrations", "POST /v1/static requests by HTTP status", "code"
