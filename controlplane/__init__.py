@@ -1,9 +1,9 @@
 """kvcast control plane: decides what the switch caches and installs it.
 
 The package owns the controller: the P4Runtime client of each switch, one driver per P4 control,
-the SRAM slot allocator, the cache-selection policies, the KV classes of chunks, the push plan,
-the access-report API and the daemon (``python -m controlplane``, ``kvcast-controller``) that
-composes them.
+the SRAM slot allocator, the cache-selection policies, the KV classes of chunks, the push plan
+and the engine pusher, the access-report API and the daemon (``python -m controlplane``,
+``kvcast-controller``) that composes them.
 
 Layers: a component package. It may import only the shared layer ``kvcast`` (wire constants,
 the fabric plan, KV classes, the report record and client, the pool backend interface, the
@@ -24,6 +24,8 @@ Modules and subpackages (each layer replaceable):
     admission: the learned doorkeeper bar (how many reported uses a chunk needs).
     kvclasses: which chunks are static (declared, or detected by sustained reuse).
     push: the push plan of static prefixes to the hosts of a group, paced per tick.
+    pusher: static prefixes registered with the controller and sent to the hosts' engines
+        (completions requests on a thread pool), counted and retried.
     reports: the access-report API's server side (the record and client: ``kvcast.reports``).
     chunksource: where the controller reads chunk bytes (the DRAM pool).
     configspec: the daemon's configuration as typed records.

@@ -35,8 +35,10 @@ A complete example (only ``switches`` is required; every other setting has a def
          fetch_address: "10.254.5.2:19286"}   # where the controller reads chunk bytes
     hosts:
       - {name: h1, id: 1, ip: 10.0.0.1, mac: "00:00:00:00:00:01", port: 1, udp_port: 19287,
-         tenants: [1, 2]}              # required: the tenants its port may ask for, or
+         tenants: [1, 2],              # required: the tenants its port may ask for, or
                                        # `tenants: any` (any tenant; logged as a warning)
+         engine_url: "http://10.254.0.1:8000"}  # optional: its OpenAI-compatible server,
+                                       # where the controller pushes static prefixes
     policy:
       name: kvcast
       params: {hysteresis: 0.25}
@@ -56,7 +58,17 @@ A complete example (only ``switches`` is required; every other setting has a def
       window_s: 600.0                  #   (and unused this long, it is transient again)
       min_span_s: 60.0                 #   and span at least min_span_s (no burst promotes)
       declared_ttl_s: 3600.0           # a declaration ("class": "static") lasts this long
-    push: {budget_bytes_per_tick: 0}   # static prefixes planned for a push (0: no plan)
+    push:                              # static prefixes pushed ahead of demand
+      budget_bytes_per_tick: 67108864  # pool-link bytes per tick, pulls first (0, the
+                                       # default: no plan, no engine_url)
+      bytes_per_token: 131072          # the model's KV bytes per token (Llama-3-8B; sizes
+                                       # a prefix; required with engine_url)
+      model: null                      # "model" of the completions requests (null: none)
+      timeout_s: 60.0                  # bound on one push request
+      retry_s: 10.0                    # a failed host is tried again after this
+      max_inflight: 32                 # push requests running at once
+      max_prefixes: 256                # prefixes POST /v1/static holds
+      max_tokens: 131072               # the longest prefix it accepts
     log_level: INFO
 
 Classes:
@@ -99,6 +111,7 @@ from controlplane.configspec import (
     DEFAULT_P4INFO,
     SRAM_BYTES,
     DaemonConfig,
+    EnginePushSpec,
     FabricLinkSpec,
     HostSpec,
     ListenAddress,
@@ -261,9 +274,23 @@ def _host(raw: object, path: str, index: int, default_switch: str | None) -> Hos
         switch=as_str(switch, s.at("switch")),
         udp_port=as_int(s.take("udp_port", AGENT_PORT), s.at("udp_port"), 1, 65535),
         tenants=_tenants(s.take("tenants", None), s.at("tenants"), name),
+        engine_url=_engine_url(s.take("engine_url", None), s.at("engine_url")),
     )
     s.done()
     return spec
+
+
+def _engine_url(raw: object, path: str) -> str | None:
+    """A host's engine server, ``http://host:port`` (no path, no trailing slash), or None."""
+    if raw is None:
+        return None
+    text = as_str(raw, path)
+    scheme, sep, rest = text.partition("://")
+    if scheme not in ("http", "https") or not sep:
+        raise ConfigError(f"{path}: {text!r} is not an http:// or https:// URL")
+    rest = rest.rstrip("/")
+    as_host_port(rest, path)
+    return f"{scheme}://{rest}"
 
 
 def _tenants(raw: object, path: str, host: str) -> tuple[int, ...] | None:
@@ -473,6 +500,7 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
     push_budget = as_int(
         ps.take("budget_bytes_per_tick", 0), ps.at("budget_bytes_per_tick"), 0, 1 << 40
     )
+    push_engines = _push_engines(ps, push_budget, hosts)
     ps.done()
     level = as_str(top.take("log_level", "INFO"), "log_level").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -496,11 +524,34 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         max_loads_per_tick=max_loads,
         classes=classes,
         push_budget_bytes=push_budget,
+        push_engines=push_engines,
         log_level=level,
         fabric_links=fabric_links,
     )
     config.fabric_plan()  # a fabric must be whole: every leaf linked to every spine
     return config
+
+
+def _push_engines(ps: Section, budget: int, hosts: Sequence[HostSpec]) -> EnginePushSpec:
+    """The ``push`` section's engine settings; checked against the hosts' ``engine_url``."""
+    model = ps.take("model", None)
+    spec = EnginePushSpec(
+        bytes_per_token=as_int(ps.take("bytes_per_token", 0), ps.at("bytes_per_token"), 0, 1 << 30),
+        model=None if model is None else as_str(model, ps.at("model")),
+        timeout_s=as_float(ps.take("timeout_s", 60.0), ps.at("timeout_s")),
+        retry_s=as_float(ps.take("retry_s", 10.0), ps.at("retry_s")),
+        max_inflight=as_int(ps.take("max_inflight", 32), ps.at("max_inflight"), 1, 1024),
+        max_prefixes=as_int(ps.take("max_prefixes", 256), ps.at("max_prefixes"), 1, 1 << 16),
+        max_tokens=as_int(ps.take("max_tokens", 1 << 17), ps.at("max_tokens"), 1, 1 << 24),
+    )
+    engines = [i for i, h in enumerate(hosts) if h.engine_url is not None]
+    if engines and (budget <= 0 or spec.bytes_per_token <= 0):
+        raise ConfigError(
+            f"hosts[{engines[0]}].engine_url: pushing to engines needs "
+            "push.budget_bytes_per_tick and push.bytes_per_token (the model's KV bytes per "
+            "token), both positive"
+        )
+    return spec
 
 
 def load_config(path: str | Path) -> DaemonConfig:

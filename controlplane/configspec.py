@@ -10,10 +10,11 @@ Classes:
     SwitchSpec: one switch (P4Runtime address, device id, election id, program files, role).
     FabricLinkSpec: one leaf-spine link of a fabric, with its port at each end.
     PoolSpec: one DRAM pool node (data-plane address, switch port, where chunk bytes are read).
-    HostSpec: one GPU host (replica destination, switch port, policy host id).
+    HostSpec: one GPU host (replica destination, switch port, policy host id, engine URL).
     PolicySpec: the cache policy by registry name, its parameters, dry-run.
     SketchSpec: hot-miss sketch window period and threshold.
     ReportApiSpec: the access-report HTTP API (address, body and queue bounds).
+    EnginePushSpec: how push orders reach the engines (prefix size per token, request bounds).
     DaemonConfig: the whole configuration (with ``ClassSpec`` from ``controlplane.kvclasses``,
         the static-detection rule), and the fabric plan it describes.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_P4INFO",
     "SRAM_BYTES",
     "DaemonConfig",
+    "EnginePushSpec",
     "FabricLinkSpec",
     "HostSpec",
     "ListenAddress",
@@ -172,6 +174,9 @@ class HostSpec:
             None for any tenant (a single-tenant fabric: the file must say ``tenants: any``;
             logged as a warning); its source address is bound either way.
         switch: the switch it hangs off.
+        engine_url: the host's OpenAI-compatible engine server (``http://host:port``), which
+            the controller may call to push static prefixes into its prefix cache
+            (``controlplane.pusher``); None: the controller never calls the host.
     """
 
     name: str
@@ -182,6 +187,7 @@ class HostSpec:
     switch: str
     udp_port: int = AGENT_PORT
     tenants: tuple[int, ...] | None = None
+    engine_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,31 @@ class ReportApiSpec:
 
 
 @dataclass(frozen=True)
+class EnginePushSpec:
+    """How the controller sends its push orders to the engines (the ``push`` section).
+
+    Attributes:
+        bytes_per_token: KV bytes of one prompt token of the engines' model (sizes a
+            registered prefix for the per-tick budget).
+        model: the ``model`` field of each completions request (None: left out).
+        timeout_s: bound on one completions request.
+        retry_s: wait before a host whose push failed is tried again (its next report ends it
+            sooner).
+        max_inflight: completions requests running at once (the rest queue).
+        max_prefixes: static prefixes the registration API holds.
+        max_tokens: the longest prefix it accepts, in tokens.
+    """
+
+    bytes_per_token: int = 0
+    model: str | None = None
+    timeout_s: float = 60.0
+    retry_s: float = 10.0
+    max_inflight: int = 32
+    max_prefixes: int = 256
+    max_tokens: int = 1 << 17
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     """The controller daemon's configuration.
 
@@ -258,6 +289,8 @@ class DaemonConfig:
         classes: the static-detection rule and the life of a declaration.
         push_budget_bytes: static-prefix bytes the push plan may put on the pool link per tick
             (0: no push plan).
+        push_engines: how push orders reach the hosts' engines (used when a host has an
+            ``engine_url``).
         log_level: logging level name.
         source: the file it was read from, if any.
         fabric_links: a leaf-spine fabric's links (empty: no fabric, every switch stands
@@ -277,6 +310,7 @@ class DaemonConfig:
     max_loads_per_tick: int = 512
     classes: ClassSpec = field(default_factory=ClassSpec)
     push_budget_bytes: int = 0
+    push_engines: EnginePushSpec = field(default_factory=EnginePushSpec)
     log_level: str = "INFO"
     source: Path | None = None
     fabric_links: tuple[FabricLinkSpec, ...] = ()

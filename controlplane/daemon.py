@@ -27,7 +27,10 @@ switch's SRAM) and, every ``tick_s``:
 3. with ``push.budget_bytes_per_tick``, plans which static chunks to push to which hosts of the
    switch (``controlplane.push``: every host of the chunk's tenant that holds no copy, prefix
    order, paced so that pushes take only the pool-link bytes the tick's pulls left) and counts
-   the plan; the data-plane push itself is not built;
+   the plan; with hosts that have an ``engine_url``, first sends the registered static
+   prefixes (``POST /v1/static``) to their engines (``controlplane.pusher``: one completions
+   request per engine, one multicast group per order, on a thread pool; the next tick collects
+   and counts the answers), whose bytes come off what the chunk plan may use;
 4. applies the decision, evictions first: an evicted chunk's entry is deleted and its slots freed; a
    DEMOTE also makes sure the DRAM pool still holds the chunk (``ChunkSource.ensure``), and is
    logged and counted either way; then every chunk the policy holds resident but the switch does
@@ -47,7 +50,8 @@ Library code here never exits the process; :func:`serve` stops cleanly on SIGTER
 
 The daemon is a thin composition: :class:`~controlplane.intake.ReportIntake` (the report and
 class API, routing), :class:`~controlplane.intake.SwitchAccesses` (each switch's accesses),
-the policy, :class:`~controlplane.apply.DecisionApplier` (the writes) and
+the policy, :class:`~controlplane.apply.DecisionApplier` (the writes),
+:class:`~controlplane.pusher.EnginePusher` (the engine pushes) and
 :class:`~controlplane.metrics.ControllerMetrics`; each switch is a
 :class:`~controlplane.runtime.SwitchRuntime`. It logs under ``controlplane.daemon``.
 
@@ -75,11 +79,13 @@ from controlplane.apply import DecisionApplier
 from controlplane.chunksource import ChunkSource, ChunkUnavailableError, KvpChunkSource
 from controlplane.configspec import DaemonConfig
 from controlplane.drivers import ConsistentHashRing
+from controlplane.errors import ControlPlaneError, SwitchUnavailableError
 from controlplane.intake import ReportIntake, RoutedReport, SwitchAccesses
 from controlplane.metrics import ControllerMetrics
 from controlplane.p4rt import SwitchFleet
 from controlplane.policies import Access
 from controlplane.push import PushCandidate, PushHost
+from controlplane.pusher import EnginePusher
 from controlplane.reports import HttpApi, Response, report_routes
 from controlplane.runtime import KeyTable, SwitchRuntime, TickSummary
 from kvcast import p4constants as c
@@ -127,6 +133,10 @@ class Controller:
         self.intake = ReportIntake(config, self.switches, self.metrics, self._keys, clock)
         self._accesses = SwitchAccesses(config, self.metrics, self._keys, self._source)
         self._applier = DecisionApplier(config, self.metrics, self._keys, self._source)
+        self.pusher: EnginePusher | None = EnginePusher(config, self.metrics)
+        if not self.pusher.active:
+            self.pusher.close()
+            self.pusher = None
         self._tasks: list[asyncio.Task[None]] = []
         self._report_api: HttpApi | None = None
         self._metrics_api: HttpApi | None = None
@@ -174,7 +184,11 @@ class Controller:
         self._report_api = HttpApi(
             api.listen.host,
             api.listen.port,
-            {**report_routes(self), **self.intake.routes()},
+            {
+                **report_routes(self),
+                **self.intake.routes(),
+                **(self.pusher.routes() if self.pusher is not None else {}),
+            },
             max_body_bytes=api.max_body_bytes,
             name="report-api",
         )
@@ -238,6 +252,8 @@ class Controller:
             if api is not None:
                 api.stop()
         self._report_api = self._metrics_api = None
+        if self.pusher is not None:
+            self.pusher.close()
         self._source.close()
         _LOG.info("controller stopped", extra={"event": "stop"})
 
@@ -271,30 +287,79 @@ class Controller:
         out["queued_reports"] = self.intake.queued()
         return out
 
-    def _plan_pushes(
-        self,
-        reports: Sequence[AccessReport],
-        routed: Sequence[RoutedReport],
-        now: float,
-    ) -> None:
-        """Notes who holds what, then plans and counts each switch's pushes."""
+    def _note_holders(
+        self, reports: Sequence[AccessReport], routed: Sequence[RoutedReport]
+    ) -> dict[str, int]:
+        """Notes who holds what for the push planners; returns each switch's pulled bytes."""
+        pulls = dict.fromkeys(self.switches, 0)
+        planners = {n: rt.push for n, rt in self.switches.items() if rt.push is not None}
+        for r in reports:
+            if self.pusher is not None:
+                self.pusher.saw(self.intake.host_name(r.host))
+            planner = planners.get(self.intake.switch_of(r.host))
+            if r.stored and planner is not None:
+                planner.note_held(r.key, self.intake.host_name(r.host))
+        for r, _hid, switch, _t in routed:
+            if r.hit is False:
+                pulls[switch] += r.size  # read from the pool
+            planner = planners.get(switch)
+            if planner is not None:
+                planner.note_held(r.key, self.intake.host_name(r.host))
+        return pulls
+
+    async def _push_prefixes(self, pusher: EnginePusher, pulls: dict[str, int], now: float) -> None:
+        """Collects finished pushes, then plans and sends each switch's engine pushes.
+
+        Their bytes are added to ``pulls``: the chunk plan gets what they left of the budget.
+        """
+        for switch, group in pusher.collect(now):
+            try:
+                await self.switches[switch].multicast.delete_group(group)
+            except ControlPlaneError as exc:
+                _LOG.warning(
+                    "push group %d not deleted on %s: %s",
+                    group,
+                    switch,
+                    exc,
+                    extra={"event": "push_group_error", "switch": switch},
+                )
+        for name, rt in self.switches.items():
+            plan = pusher.plan(name, pulls[name], now)
+            for order in plan.orders:
+                hosts = pusher.admit(name, order)
+                if not hosts:
+                    continue
+                group, created = 0, False
+                if len(hosts) > 1:
+                    try:
+                        if not rt.client.is_ready:
+                            raise SwitchUnavailableError(name, "not ready")
+                        found = rt.multicast.group_of(hosts)
+                        created = found is None
+                        if found is None:
+                            found = await rt.multicast.create_group(hosts)
+                        group = found
+                    except ControlPlaneError as exc:
+                        pusher.cancel(name, order, hosts)  # planned again next tick
+                        _LOG.warning(
+                            "push of %016x deferred: no multicast group on %s: %s",
+                            order.key,
+                            name,
+                            exc,
+                            extra={"event": "push_group_error", "switch": name},
+                        )
+                        continue
+                if pusher.send(name, order, hosts, group, created):
+                    pulls[name] += order.pool_bytes
+                elif created:
+                    with contextlib.suppress(ControlPlaneError):  # made for nothing
+                        await rt.multicast.delete_group(group)
+
+    def _plan_pushes(self, pulls: Mapping[str, int], now: float) -> None:
+        """Plans and counts each switch's pushes of static chunks."""
         planners = {n: rt.push for n, rt in self.switches.items() if rt.push is not None}
         if not planners:
             return
-        pulls = dict.fromkeys(planners, 0)
-        for r in reports:
-            if not r.stored:
-                continue
-            planner = planners.get(self.intake.switch_of(r.host))
-            if planner is not None:
-                planner.note_held(r.key, self.intake.host_name(r.host))
-        for r, _hid, switch, _t in routed:
-            planner = planners.get(switch)
-            if planner is None:
-                continue
-            planner.note_held(r.key, self.intake.host_name(r.host))
-            if r.hit is False:
-                pulls[switch] += r.size  # read from the pool
         static, parents = self.intake.static_chunks()
         candidates: list[PushCandidate] = []
         for key, entry in static.items():
@@ -344,7 +409,10 @@ class Controller:
             now = self._clock()
             batch = self.intake.drain(now)
             per_switch = batch.per_switch
-            self._plan_pushes(batch.reports, batch.routed, now)
+            pulls = self._note_holders(batch.reports, batch.routed)
+            if self.pusher is not None:
+                await self._push_prefixes(self.pusher, pulls, now)
+            self._plan_pushes(pulls, now)
             names = list(self.switches)
             results = await asyncio.gather(
                 *(self._tick_switch(self.switches[n], now, per_switch[n]) for n in names),
@@ -447,6 +515,13 @@ class Controller:
             "tick_s": self.config.tick_s,
             "tracked_keys": len(self._keys),
             **self.intake.class_status(),
+            "push_engines": None
+            if self.pusher is None
+            else {
+                "prefixes": len(self.pusher.registry),
+                "inflight": self.pusher.inflight(),
+                "waiting": self.pusher.waiting(),
+            },
             "switches": switches,
         }
 

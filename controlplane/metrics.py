@@ -161,6 +161,26 @@ class ControllerMetrics:
             "switch",
             "reason",
         )
+        self.push_requests = counter(
+            "push_requests",
+            "Completions requests that push a static prefix into a host's engine: sent, "
+            "succeeded, failed (an error, a timeout, a non-2xx answer; tried again later) "
+            "or refused (the host is not bound to the prefix's tenant; never sent)",
+            "switch",
+            "outcome",
+        )
+        self.push_prefix_bytes = counter(
+            "push_prefix_pool_bytes",
+            "Pool-link bytes of the static prefixes sent to engines (one copy per order)",
+            "switch",
+        )
+        self.push_inflight = gauge(
+            "push_inflight", "Push requests sent and not counted yet (answers count at a tick)"
+        )
+        self.static_prefixes = gauge("static_prefixes", "Static prefixes registered for pushes")
+        self.static_registrations = counter(
+            "static_registrations", "POST /v1/static requests by HTTP status", "code"
+        )
         self.ticks = counter("ticks", "Decision ticks run")
         self.tick_seconds = Histogram(
             p + "tick_seconds",

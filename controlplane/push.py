@@ -4,8 +4,9 @@ A static prefix (``controlplane.kvclasses``) is reused by every branch of every 
 worth landing in each engine host's local tier before the host asks: an instruction prefetch.
 The plan decides it and the controller counts it. The push itself travels through the engines
 (docs/design.md, "How a push travels": one request per engine for the prefix, in one multicast
-group, so one pool read lands in every engine's prefix cache; ``experiments.serving --agentic``);
-the daemon does not send its orders to the engines yet.
+group, so one pool read lands in every engine's prefix cache). The daemon plans static chunks
+here and counts the plan; the prefixes it sends to the engines (``controlplane.pusher``) are
+planned here too, as candidates of their own.
 
 Rules, per tick and per switch (a switch's hosts are its multicast group):
 
@@ -165,6 +166,12 @@ class PushPlanner:
         else:
             self._holders.move_to_end(key)
         holders.add(host)
+
+    def forget(self, key: int, host: str) -> None:
+        """Records that ``host`` does not hold ``key`` after all (its push failed)."""
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(host)
 
     def holders(self, key: int) -> frozenset[str]:
         """The hosts known to hold ``key``."""

@@ -49,6 +49,7 @@ Functions:
     calibrate: this machine's prefill time per token for the model.
     connector_config: one engine's connector configuration on the emulated cluster.
     run: the whole sweep on one cluster.
+    pushing_daemon: the controller daemon set to push static prefixes to the engines.
     trace_summary: the trace replay's rows.
     summarize: the table's rows.
     format_table: the table as text.
@@ -59,6 +60,7 @@ Functions:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -67,7 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,8 @@ from kvcast.kvp import frag_count
 from kvcast.ports import AGENT_PORT
 
 RESULTS = Path("results/serving")
+ENGINE_HTTP_PORT = 8000
+"""Where each engine serves completions requests with ``--agentic-daemon`` (its namespace)."""
 
 
 def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) -> float:
@@ -279,6 +283,7 @@ def run(
     switch_kill_check: bool = False,
     prefill_us_per_token: float | None = None,
     agentic_check: bool = False,
+    agentic_daemon: bool = False,
 ) -> dict[str, Any]:
     """The whole sweep on one emulated cluster.
 
@@ -305,6 +310,9 @@ def run(
         agentic_check: after the sweep, a task that forks one branch per engine, with its
             static prefix pushed to every engine ahead of the branches, pulled by each, or
             neither (:func:`experiments.serving_checks.agentic_check`).
+        agentic_daemon: with ``agentic_check``, a fourth way last: the controller daemon runs
+            (its switch session taking over from the experiment's) and pushes the prefix to
+            the engines itself (:func:`pushing_daemon`).
 
     Returns:
         ``{"rows": per engine and point, "points": per point, "setup": ..., "corrupt": ...}``.
@@ -361,6 +369,7 @@ def run(
                 connectors,
                 model,
                 out / "logs",
+                http_port=ENGINE_HTTP_PORT if agentic_daemon else None,
             )
             try:
                 t0 = time.monotonic()
@@ -384,7 +393,13 @@ def run(
                         result["corrupt"] = checks.corrupt_check(engines, plan)
                         progress(f"corrupt check: {result['corrupt']}")
                     if agentic_check:
-                        result["agentic"] = checks.agentic_check(cluster, engines, plan)
+
+                        def daemon() -> Any:
+                            return pushing_daemon(cluster, [*names, pool.name], out / "daemon")
+
+                        result["agentic"] = checks.agentic_check(
+                            cluster, engines, plan, daemon if agentic_daemon else None
+                        )
                         progress(f"agentic check: {result['agentic']}")
                     if switch_kill_check:
                         result["switch_kill"] = checks.switch_kill_check(
@@ -404,6 +419,52 @@ def run(
     if "setup" not in result:
         raise EngineError("the engines did not start")
     return result
+
+
+@contextlib.contextmanager
+def pushing_daemon(
+    cluster: Any, nodes: Sequence[str], workdir: Path
+) -> Iterator[Callable[[list[int]], None]]:
+    """The controller daemon, set to push static prefixes to the engines; gives ``register``.
+
+    A management network joins the root namespace to every node (``nodes``: the hosts, then the
+    pool node); the daemon (``python -m controlplane run``, dry-run policy) takes the switch
+    over, reads chunk lengths from the pool, and knows each host's engine at
+    ``http://<its management address>:ENGINE_HTTP_PORT``. ``register(tokens)`` declares the
+    task's static prefix (``POST /v1/static``); the daemon's next tick pushes it.
+    """
+    import urllib.request
+
+    from experiments.serving_plan import emu_kv_bytes_per_token
+    from experiments.trace_replay.processes import (
+        ManagementNetwork,
+        controller_config,
+        free_port,
+        running_controller,
+    )
+
+    report_port, metrics_port = free_port(), free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ManagementNetwork(cluster, nodes) as mgmt:
+        config = controller_config(
+            cluster, mgmt, cache_on=False, report_port=report_port, metrics_port=metrics_port,
+            policy="lru", tick_s=0.1, max_loads_per_tick=1, sram_budget_bytes=None,
+        )  # fmt: skip
+        for host in config["hosts"]:
+            host["engine_url"] = f"http://{mgmt.node_ip[host['name']]}:{ENGINE_HTTP_PORT}"
+        config["push"] = {"budget_bytes_per_tick": 1 << 30, "timeout_s": 300.0,
+                          "bytes_per_token": emu_kv_bytes_per_token()}  # fmt: skip
+        with running_controller(config, workdir, report_port):
+
+            def register(prompt: list[int]) -> None:
+                body = json.dumps({"tenant": TENANT, "tokens": prompt}).encode()
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{report_port}/v1/static", body, method="POST"
+                )
+                with urllib.request.urlopen(req, timeout=10) as reply:
+                    json.loads(reply.read())
+
+            yield register
 
 
 def _warm_up(engines: Engines, plan: Plan) -> None:
@@ -661,6 +722,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a task forking one branch per engine: static prefix pushed, pulled or neither",
     )
     p.add_argument(
+        "--agentic-daemon",
+        action="store_true",
+        help="with --agentic, a fourth way last: the controller daemon sends the push",
+    )
+    p.add_argument(
         "--switch-kill-check",
         action="store_true",
         help="the switch killed while the engines load a prefix, then started again",
@@ -699,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
         dead_pool_check=args.dead_pool_check, trace=trace,
         switch_kill_check=args.switch_kill_check, prefill_us_per_token=us,
-        agentic_check=args.agentic,
+        agentic_check=args.agentic, agentic_daemon=args.agentic_daemon,
     )  # fmt: skip
     if res.get("error"):
         print(f"error: {res['error']}", flush=True)
@@ -726,8 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     if res.get("corrupt"):
         print(f"corrupted chunk: {res['corrupt']}")
     if res.get("agentic"):
-        for mode in ("neither", "pull", "push"):
-            print(f"agentic {mode}: {res['agentic'][mode]}")
+        for mode in ("neither", "pull", "push", "daemon"):
+            if mode in res["agentic"]:
+                print(f"agentic {mode}: {res['agentic'][mode]}")
     if res.get("switch_kill"):
         print(f"switch killed while loading: {res['switch_kill']}")
     if res.get("dead_pool"):

@@ -4,13 +4,15 @@ Functions:
     pool_tx_bytes: bytes the pool nodes have sent (the switch ports facing them).
     publish: host 1 computes a new prompt and publishes its blocks to the pool.
     switch_kill_check: the switch killed while the engines load a prefix through it.
-    agentic_check: a shared static prefix pushed, pulled or neither into every engine.
+    agentic_check: a shared static prefix pushed (by the experiment or the controller daemon),
+        pulled or neither into every engine.
     dead_pool_check: the pool node gone while the engines ask for a prefix.
     corrupt_check: corrupted pool bytes never reach an engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
@@ -18,10 +20,12 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from experiments.serving_engine import Engines
+from experiments.serving_engine import EngineError, Engines
 from experiments.serving_plan import Plan, emu_kv_bytes_per_token, mode_options, tokens
 
 AGENTIC_BRANCH_TOKENS = 64
@@ -120,13 +124,33 @@ def switch_kill_check(
     return out
 
 
-def agentic_check(cluster: Any, engines: Engines, plan: Plan) -> dict[str, Any]:
+def _served_pushes(engines: Engines, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Waits until every engine has served one completions request over HTTP; returns each."""
+    got: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(engines.names):
+        if time.monotonic() > deadline:
+            missing = sorted(set(engines.names) - set(got))
+            raise EngineError(f"no push reached {missing} in {timeout_s:.0f} s")
+        time.sleep(0.05)
+        for name, rec in engines.ask({n: {"cmd": "served"} for n in engines.names}).items():
+            if rec["runs"] and name not in got:
+                got[name] = rec["runs"][0]
+    return got
+
+
+def agentic_check(
+    cluster: Any,
+    engines: Engines,
+    plan: Plan,
+    daemon: Callable[[], AbstractContextManager[Callable[[list[int]], None]]] | None = None,
+) -> dict[str, Any]:
     """A task forks one branch per engine; the static prefix pushed, pulled, or neither.
 
     The task's static prefix (``plan.prefix`` tokens: its system prompt and tool definitions,
     declared static with ``static_tokens``) was published once by host 1. Each branch is that
     prefix plus ``AGENTIC_BRANCH_TOKENS`` tokens of its own; branch i goes to engine i, all at
-    one instant, three ways, every engine's cache dropped first:
+    one instant, three ways (four with ``daemon``), every engine's cache dropped first:
 
     - ``neither``: no connector; every branch computes the whole prompt;
     - ``pull``: each branch loads the prefix through the switch when it arrives (N pool reads
@@ -135,12 +159,17 @@ def agentic_check(cluster: Any, engines: Engines, plan: Plan) -> dict[str, Any]:
       multicast by the switch to every engine of the group (one engine leads the group fetch,
       the others take its stream), landed in each engine's own prefix cache; the experiment
       plays the controller's part (the push planner's order: this prefix, every host of the
-      group). The branches then find it local.
+      group). The branches then find it local;
+    - ``daemon`` (with ``daemon``): as ``push``, but the controller daemon sends it: ``daemon()``
+      runs the daemon (its engine pusher, ``controlplane.pusher``) and gives a function that
+      registers the prefix (``POST /v1/static``); the daemon's next tick sends each engine a
+      completions request over HTTP (``experiments.serving_engine --http``) in one multicast
+      group it makes. The push's time runs from the registration to the last engine's answer.
 
     Per mode: each branch's TTFT from the instant the branches arrive and the task's completion
     (its last branch's end), tokens loaded, computed and found local, the pool's egress; for
-    ``push`` also the push's own time and egress. Every branch's output is compared with the
-    ``neither`` run's.
+    ``push`` and ``daemon`` also the push's own time and egress. Every branch's output is
+    compared with the ``neither`` run's.
     """
     names = engines.names
     rnd = random.Random(plan.seed - 17)
@@ -154,44 +183,55 @@ def agentic_check(cluster: Any, engines: Engines, plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"branches": len(names), "static_tokens": plan.prefix}
     reference: dict[str, list[int]] = {}
     group = 0x7F00
-    for mode in ("neither", "pull", "push"):
-        engines.ask({n: {"cmd": "reset"} for n in names})
-        row: dict[str, Any] = {}
-        if mode == "push":
-            cluster.add_group(group, names)
-            tx0, t0 = pool_tx_bytes(cluster), time.monotonic()
-            warm = engines.ask(
-                {n: {"cmd": "run", "prompt": static, "max_tokens": 1,
-                     "kvcast": {**mode_options("multicast", i, group), "save": False}}
-                 for i, n in enumerate(names)}
+    modes = ["neither", "pull", "push"] + (["daemon"] if daemon is not None else [])
+    with contextlib.ExitStack() as running:  # the daemon, once started, runs to the end
+        for mode in modes:
+            engines.ask({n: {"cmd": "reset"} for n in names})
+            row: dict[str, Any] = {}
+            if mode == "push":
+                cluster.add_group(group, names)
+                tx0, t0 = pool_tx_bytes(cluster), time.monotonic()
+                warm = engines.ask(
+                    {n: {"cmd": "run", "prompt": static, "max_tokens": 1,
+                         "kvcast": {**mode_options("multicast", i, group), "save": False}}
+                     for i, n in enumerate(names)}
+                )  # fmt: skip
+                row["push_s"] = round(time.monotonic() - t0, 3)
+                row["push_pool_bytes"] = pool_tx_bytes(cluster) - tx0
+                row["push_loaded_tokens"] = [r["loaded_tokens"] for r in warm.values()]
+                cluster.remove_group(group)
+            elif mode == "daemon":
+                assert daemon is not None
+                register = running.enter_context(daemon())
+                tx0, t0 = pool_tx_bytes(cluster), time.time()
+                register(static)
+                warm = _served_pushes(engines, 300.0)
+                row["push_s"] = round(max(r["started"] + r["e2e_s"] for r in warm.values()) - t0, 3)
+                row["push_pool_bytes"] = pool_tx_bytes(cluster) - tx0
+                row["push_loaded_tokens"] = [warm[n]["loaded_tokens"] for n in names]
+            opts = {"load": False, "save": False} if mode == "neither" else {"save": False}
+            tx0 = pool_tx_bytes(cluster)
+            start_at = time.time() + 1.0
+            recs = engines.ask(
+                {n: {"cmd": "run", "prompt": branches[n], "kvcast": opts,
+                     "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
+                timeout_s=600,
             )  # fmt: skip
-            row["push_s"] = round(time.monotonic() - t0, 3)
-            row["push_pool_bytes"] = pool_tx_bytes(cluster) - tx0
-            row["push_loaded_tokens"] = [r["loaded_tokens"] for r in warm.values()]
-            cluster.remove_group(group)
-        opts = {"load": False, "save": False} if mode == "neither" else {"save": False}
-        tx0 = pool_tx_bytes(cluster)
-        start_at = time.time() + 1.0
-        recs = engines.ask(
-            {n: {"cmd": "run", "prompt": branches[n], "kvcast": opts,
-                 "max_tokens": plan.max_tokens, "start_at": start_at} for n in names},
-            timeout_s=600,
-        )  # fmt: skip
-        if mode == "neither":
-            reference = {n: r["tokens"] for n, r in recs.items()}
-        ttfts = [r["ttft_s"] for r in recs.values()]
-        row.update(
-            ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 1),
-            ttft_max_ms=round(max(ttfts) * 1e3, 1),
-            task_ms=round(max(r["started"] + r["e2e_s"] for r in recs.values()) * 1e3
-                          - start_at * 1e3, 1),
-            pool_bytes=pool_tx_bytes(cluster) - tx0,
-            loaded_tokens=[r["loaded_tokens"] for r in recs.values()],
-            local_tokens=[r["cached_tokens"] - r["loaded_tokens"] for r in recs.values()],
-            computed_tokens=[r["computed_tokens"] for r in recs.values()],
-            same_output=all(r["tokens"] == reference[n] for n, r in recs.items()),
-        )  # fmt: skip
-        out[mode] = row
+            if mode == "neither":
+                reference = {n: r["tokens"] for n, r in recs.items()}
+            ttfts = [r["ttft_s"] for r in recs.values()]
+            row.update(
+                ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 1),
+                ttft_max_ms=round(max(ttfts) * 1e3, 1),
+                task_ms=round(max(r["started"] + r["e2e_s"] for r in recs.values()) * 1e3
+                              - start_at * 1e3, 1),
+                pool_bytes=pool_tx_bytes(cluster) - tx0,
+                loaded_tokens=[r["loaded_tokens"] for r in recs.values()],
+                local_tokens=[r["cached_tokens"] - r["loaded_tokens"] for r in recs.values()],
+                computed_tokens=[r["computed_tokens"] for r in recs.values()],
+                same_output=all(r["tokens"] == reference[n] for n, r in recs.items()),
+            )  # fmt: skip
+            out[mode] = row
     return out
 
 

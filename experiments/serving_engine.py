@@ -21,10 +21,20 @@ then answers one JSON line per command read from standard input:
     concatenated, to ``p`` (the experiment loads them into switch SRAM, or corrupts one).
 ``{"cmd": "corrupt", "tenant": t, "key": k, "path": p}``
     replaces a chunk in the pool with the bytes in ``p`` (a pool whose copy went bad).
+``{"cmd": "served"}``
+    answers the ``run`` replies of the completions requests served over HTTP since the last
+    ``served`` (``{"runs": [...]}``).
 ``{"cmd": "quit"}``
     shuts the engine down.
 
-Run: ``python -m experiments.serving_engine --model DIR --connector JSON [--core C]``.
+With ``--http PORT`` the engine also serves ``POST /v1/completions`` on that port, as an
+OpenAI-compatible server would for what the controller's push sends
+(``controlplane.pusher.completion_body``: token ids as the prompt, ``max_tokens``,
+``kv_transfer_params``): each request becomes a ``run`` (no ``start_at``), in turn with the
+commands from standard input; the answer is a completion with the run's reply under
+``"kvcast"``.
+
+Run: ``python -m experiments.serving_engine --model DIR --connector JSON [--core C] [--http P]``.
 
 Classes:
     EngineError: an engine process failed or answered with an error.
@@ -40,13 +50,17 @@ Functions:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 
@@ -238,32 +252,98 @@ def _corrupt(cmd: dict[str, Any]) -> dict[str, Any]:
     return {"corrupted": f"{key:#x}", "bytes": len(data)}
 
 
-def serve(llm: Any, inp: IO[str], out: IO[str]) -> None:
-    """Answers commands from ``inp`` (one JSON object a line) on ``out`` until ``quit``/EOF."""
+_Work = tuple[dict[str, Any], "concurrent.futures.Future[dict[str, Any]] | None"]
+
+
+def _completions_server(port: int, work: queue.Queue[_Work | None]) -> ThreadingHTTPServer:
+    """``POST /v1/completions`` on ``port``: each request a ``run`` queued for the engine."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            status = 404
+            doc: dict[str, Any] = {"error": f"no route {self.path}"}
+            if self.path == "/v1/completions":
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    cmd = {"cmd": "run", "prompt": [int(t) for t in body["prompt"]],
+                           "max_tokens": int(body.get("max_tokens", 16))}  # fmt: skip
+                    kvcast = (body.get("kv_transfer_params") or {}).get("kvcast")
+                    if kvcast:
+                        cmd["kvcast"] = kvcast
+                except (KeyError, TypeError, ValueError) as exc:
+                    status, doc = 400, {"error": f"bad request: {exc}"}
+                else:
+                    done: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+                    work.put((cmd, done))
+                    reply = done.result()
+                    status = 500 if "error" in reply else 200
+                    doc = {"object": "text_completion", "kvcast": reply,
+                           "choices": [{"index": 0, "text": "",
+                                        "token_ids": reply.get("tokens", [])}]}  # fmt: skip
+            data = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="completions", daemon=True).start()
+    return server
+
+
+def serve(llm: Any, inp: IO[str], out: IO[str], http_port: int | None = None) -> None:
+    """Answers commands from ``inp`` (one JSON object a line) on ``out`` until ``quit``/EOF.
+
+    With ``http_port``, completions requests on that port are run in turn with them.
+    """
+    work: queue.Queue[_Work | None] = queue.Queue()
+
+    def read_lines() -> None:
+        for line in inp:
+            if line.strip():
+                work.put((json.loads(line), None))
+        work.put(None)
+
+    threading.Thread(target=read_lines, name="stdin", daemon=True).start()
+    server = _completions_server(http_port, work) if http_port is not None else None
+    served: list[dict[str, Any]] = []
     seq = 0
-    for line in inp:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.get("cmd")
-        try:
-            if op == "quit":
-                break
-            if op == "run":
-                seq += 1
-                reply = _run(llm, cmd, seq)
-            elif op == "reset":
-                reply = _reset(llm)
-            elif op == "read":
-                reply = _read(cmd)
-            elif op == "corrupt":
-                reply = _corrupt(cmd)
-            else:
-                reply = {"error": f"unknown command {op!r}"}
-        except Exception as exc:  # noqa: BLE001 - the driver gets the error, the engine lives on
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps({"cmd": op, **reply}) + "\n")
-        out.flush()
+    try:
+        while (item := work.get()) is not None:
+            cmd, done = item
+            op = cmd.get("cmd")
+            try:
+                if op == "quit":
+                    break
+                if op == "run":
+                    seq += 1
+                    reply = _run(llm, cmd, seq)
+                elif op == "reset":
+                    reply = _reset(llm)
+                elif op == "read":
+                    reply = _read(cmd)
+                elif op == "corrupt":
+                    reply = _corrupt(cmd)
+                elif op == "served":
+                    reply, served = {"runs": served}, []
+                else:
+                    reply = {"error": f"unknown command {op!r}"}
+            except Exception as exc:  # noqa: BLE001 - the driver gets the error, the engine lives
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            if done is not None:
+                served.append(reply)
+                done.set_result(reply)
+                continue
+            out.write(json.dumps({"cmd": op, **reply}) + "\n")
+            out.flush()
+    finally:
+        if server is not None:
+            server.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connector", help="kv_connector_extra_config as JSON (none: no connector)")
     p.add_argument("--core", type=int, help="CPU core for the engine's one OpenMP thread")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--http", type=int, help="also serve POST /v1/completions on this port")
     args = p.parse_args(argv)
     os.environ.update(engine_env(args.core))
     if args.core is not None:
@@ -286,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     replies.write(json.dumps({"ready": True, "startup_s": time.monotonic() - t0}) + "\n")
     replies.flush()
     try:
-        serve(llm, sys.stdin, replies)
+        serve(llm, sys.stdin, replies, args.http)
     finally:
         del llm
     return 0
@@ -306,6 +387,8 @@ class Engines:
         model: the model directory.
         log_dir: where each engine's stderr goes.
         max_model_len: the engines' longest prompt plus output.
+        http_port: each engine also serves completions requests on this port (in its host's
+            namespace; None: not).
     """
 
     def __init__(
@@ -316,6 +399,7 @@ class Engines:
         model: Path,
         log_dir: Path,
         max_model_len: int = 4096,
+        http_port: int | None = None,
     ) -> None:
         self.names = list(names)
         self.procs: dict[str, subprocess.Popen[str]] = {}
@@ -331,6 +415,8 @@ class Engines:
             ]  # fmt: skip
             if connectors[name] is not None:
                 cmd += ["--connector", json.dumps(connectors[name])]
+            if http_port is not None:
+                cmd += ["--http", str(http_port)]
             with log.open("w") as err:
                 self.procs[name] = popen(
                     name, cmd, cwd=REPO, text=True, bufsize=1,

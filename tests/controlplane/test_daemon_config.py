@@ -147,6 +147,14 @@ def test_unknown_settings_are_errors_with_a_suggestion() -> None:
         (with_(classes={"min_span_s": 600.0}), "classes.min_span_s"),
         (with_(classes={"window": 5}), "classes.window: unknown setting; did you mean 'window_s'"),
         (with_(push={"budget_bytes_per_tick": -1}), "push.budget_bytes_per_tick"),
+        (with_(hosts=[host(engine_url="10.0.0.1:8000")]), "hosts[0].engine_url: '10.0.0.1:8000'"),
+        (with_(hosts=[host(engine_url="http://h")]), "hosts[0].engine_url: 'h' is not host:port"),
+        (
+            with_(hosts=[host(engine_url="http://h:1")], push={"budget_bytes_per_tick": 1}),
+            "hosts[0].engine_url: pushing to engines needs push.budget_bytes_per_tick and "
+            "push.bytes_per_token",
+        ),
+        (with_(push={"max_inflight": 0}), "push.max_inflight: 0 is outside 1..1024"),
     ],
 )
 def test_invalid_settings_are_named_by_their_path(raw: object, message: str) -> None:
@@ -158,6 +166,23 @@ def test_the_class_rule_takes_its_settings_and_defaults() -> None:
     assert (config.classes.min_uses, config.classes.detect) == (3, False)
     assert config.classes.window_s == 600.0 and config.classes.min_span_s == 60.0
     assert parse_config(MINIMAL).push_budget_bytes == 0
+
+
+def test_a_hosts_engine_url_and_the_push_sections_engine_settings_are_read() -> None:
+    config = parse_config(
+        with_(
+            hosts=[host(engine_url="http://10.9.0.1:8000/"), host("h2")],
+            push={"budget_bytes_per_tick": 1 << 20, "bytes_per_token": 4096, "model": "m"},
+        )
+    )
+    assert [h.engine_url for h in config.hosts] == ["http://10.9.0.1:8000", None]
+    spec = config.push_engines
+    assert (spec.bytes_per_token, spec.model, spec.retry_s, spec.max_inflight) == (
+        4096,
+        "m",
+        10.0,
+        32,
+    )
 
 
 def test_metrics_can_be_turned_off() -> None:

@@ -22,6 +22,7 @@ from vllm.utils.hashing import sha256_cbor  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+from controlplane.pusher import StaticPrefix, completion_body  # noqa: E402
 from hostagent.vllm_connector.config import ConnectorConfigError, LoadOptions  # noqa: E402
 from hostagent.vllm_connector.metrics import KvcastConnectorStats  # noqa: E402
 from hostagent.vllm_connector.worker import worker_stats  # noqa: E402
@@ -77,6 +78,16 @@ def test_request_options_are_read_and_checked() -> None:
     ):
         with pytest.raises(ConnectorConfigError):
             LoadOptions.of({"kvcast": bad})
+
+
+def test_the_controllers_push_orders_are_options_the_connector_reads() -> None:
+    prefix = StaticPrefix(1, TENANT, (1, 2, 3), None, 3)
+    leader = completion_body(prefix, group=9, leader=True, model=None)["kv_transfer_params"]
+    follower = completion_body(prefix, group=9, leader=False, model=None)["kv_transfer_params"]
+    alone = completion_body(prefix, group=0, leader=True, model=None)["kv_transfer_params"]
+    assert LoadOptions.of(leader) == LoadOptions(group=9, save=False, kv_class=S)
+    assert LoadOptions.of(follower) == LoadOptions(group=9, follower=True, save=False, kv_class=S)
+    assert LoadOptions.of(alone) == LoadOptions(save=False, kv_class=S)
 
 
 def test_class_options_are_read_and_checked() -> None:
