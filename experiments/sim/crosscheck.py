@@ -44,7 +44,10 @@ cross traffic) with zero link latency: it compares bandwidth sharing only, the h
 one concern. ``lv08`` is SimGrid's default model (LV08: latency x 13.01, each flow bounded to
 0.97 of its bottleneck, RTT-weighted sharing with S = 20537 bytes, TCP window gamma
 4 MiB, 5 % reverse cross traffic) with ``latency_us`` per link: what a SimGrid user gets by
-default, TCP-like, which an RDMA fabric is not.
+default, TCP-like, which an RDMA fabric is not. ``ptask`` runs every transfer as one SimGrid
+parallel task (the ``ptask_L07`` host model, zero latency): a tree is then one activity over
+all its links at one rate, as in the home model, shared by SimGrid's default solver for
+parallel tasks (``fairbottleneck``) rather than max-min.
 
 Run: ``python -m experiments.sim.crosscheck [--quick] [--out DIR]``; writes ``crosscheck.csv``
 and ``crosscheck.json`` and prints a table. Without SimGrid (``make sim-crosscheck`` installs
@@ -70,6 +73,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -99,11 +103,15 @@ __all__ = [
 VARIANTS: dict[str, list[str]] = {
     "raw": ["--cfg=network/model:raw"],
     "lv08": ["--cfg=network/model:LV08"],
+    "ptask": ["--cfg=host/model:ptask_L07"],
 }
 """SimGrid's command-line configuration per variant (module docstring)."""
 
-LATENCY_FREE = {"raw"}
+LATENCY_FREE = {"raw", "ptask"}
 """Variants run with zero link latency (bandwidth sharing only)."""
+
+PARALLEL_TASKS = {"ptask"}
+"""Variants that run every transfer as one parallel task (a tree at one rate)."""
 
 
 def _default_fabric() -> FabricSimConfig:
@@ -139,7 +147,7 @@ class CrossCheckConfig:
     ns: tuple[int, ...] = (1, 4, 16, 64, 256)
     replicas: tuple[int, ...] = (2, 4)
     latency_us: float = 1.0
-    variants: tuple[str, ...] = ("raw", "lv08")
+    variants: tuple[str, ...] = ("raw", "lv08", "ptask")
 
     def __post_init__(self) -> None:
         fab = self.fabric
@@ -335,8 +343,9 @@ def simgrid_spec(cfg: CrossCheckConfig, cases: Sequence[Case], variant: str) -> 
 
     ``hosts``: every node and switch; ``links``: ``[name, bytes/s, latency s]``; ``routes``:
     ``[src, dst, [link, ...]]`` for every route a comm takes and its reverse; ``cases``: per
-    case, its comms as ``[src, dst, bytes]`` (a unicast: source to receiver; a tree: one per
-    tree link). The worker answers each comm's completion time from its case's start.
+    case, per unicast (one comm, source to receiver) or tree (one comm per tree link), its comms
+    as ``[src, dst, bytes]``; ``parallel_tasks``: run each of those as one parallel task. The
+    worker answers each comm's completion time from its case's start, in that order.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown SimGrid variant {variant!r}; {sorted(VARIANTS)}")
@@ -351,21 +360,23 @@ def simgrid_spec(cfg: CrossCheckConfig, cases: Sequence[Case], variant: str) -> 
             if routes.setdefault((hops[0], hops[-1]), names) != names:
                 raise RuntimeError(f"two routes from {hops[0]} to {hops[-1]}")
 
-    comms: list[list[list[Any]]] = []
+    comms: list[list[list[list[Any]]]] = []
     for case in cases:
-        mine: list[list[Any]] = []
+        mine: list[list[list[Any]]] = []
         for t in case.transfers:
+            size = cfg.fabric.prefix_bytes
             if t.multicast:
                 for a, b in t.edges():
                     add_route((a, b))
-                    mine.append([a, b, cfg.fabric.prefix_bytes])
+                mine.append([[a, b, size] for a, b in t.edges()])
             else:
-                for dest, route in t.routes.items():
+                for route in t.routes.values():
                     add_route(route)
-                    mine.append([t.source, dest, cfg.fabric.prefix_bytes])
+                mine += [[[t.source, dest, size]] for dest in t.routes]
         comms.append(mine)
     return {
         "args": [*VARIANTS[variant], "--log=root.thresh:warning"],
+        "parallel_tasks": variant in PARALLEL_TASKS,
         "hosts": [*plan.spines, *plan.leaves, *plan.nodes],
         "links": [[name, cap, latency] for name, cap in caps.items()],
         "routes": [[s, d, names] for (s, d), names in routes.items()],
@@ -400,6 +411,22 @@ def simgrid_available() -> bool:
     return importlib.util.find_spec("simgrid") is not None
 
 
+def _simgrid_env() -> dict[str, str]:
+    """The environment with the directory of SimGrid's extension on the library path.
+
+    The wheel ``pip`` builds from SimGrid's source puts ``libsimgrid.so`` beside the extension
+    module without a run path to it, so the loader needs to be told where it is.
+    """
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("simgrid")
+    if spec is not None and spec.origin:
+        here = str(FilePath(spec.origin).parent)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (here, env.get("LD_LIBRARY_PATH", "")) if p
+        )
+    return env
+
+
 def run_simgrid(
     cfg: CrossCheckConfig, cases: Sequence[Case], variant: str, timeout_s: float = 600.0
 ) -> tuple[list[list[float]], str] | None:
@@ -422,6 +449,7 @@ def run_simgrid(
         text=True,
         timeout=timeout_s,
         check=False,
+        env=_simgrid_env(),
     )
     if got.returncode != 0:
         raise RuntimeError(f"SimGrid worker ({variant}) failed: {got.stderr[-3000:]}")
@@ -497,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="2 spines, 4 leaves x 4 hosts")
     ap.add_argument("--out", type=FilePath, default=FilePath("results/sim-crosscheck"))
-    ap.add_argument("--variants", default="raw,lv08", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="raw,lv08,ptask", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--latency-us", type=float, default=1.0, help="per link, lv08 only")
     ap.add_argument("--oversub", default=None, help="leaf oversubscriptions (default 2,8; quick 2)")
     args = ap.parse_args(argv)

@@ -4,10 +4,13 @@ SimGrid allows one engine per process and takes its network model at start, so t
 runs this module once per model variant: it reads a specification on standard input (what
 :func:`experiments.sim.crosscheck.simgrid_spec` writes: ``args`` for the engine, ``hosts``,
 ``links`` as ``[name, bytes/s, latency s]``, ``routes`` as ``[src, dst, [link, ...]]``,
-``cases`` as lists of ``[src, dst, bytes]`` comms), builds the platform in one full
-(explicit-route) zone, and has one actor run the cases one after the other: it starts every
-comm of a case at once (``Comm.sendto_async``, host to host without mailboxes), waits for all
-of them, and records each one's end from the case's start. The network is idle between cases,
+``cases``: per case, per transfer, its ``[src, dst, bytes]`` comms), builds the platform in
+one full (explicit-route) zone, and has one actor run the cases one after the other: it starts
+every comm of a case at once (``Comm.sendto_async``, host to host without mailboxes), waits for
+all of them, and records each one's end from the case's start. With ``parallel_tasks`` (the
+``ptask_L07`` host model) each transfer is one parallel task instead, its comms a matrix of
+bytes between its hosts (a tree then progresses at one rate), run by an actor of its own, and
+each of its comms gets the task's end. The network is idle between cases,
 so they do not see each other. It writes ``{"version": ..., "finish": [[seconds, ...], ...]}``
 on standard output.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main", "run"]
@@ -30,7 +34,7 @@ __all__ = ["main", "run"]
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the platform of ``spec``, run its cases, return every comm's completion time."""
     import simgrid  # type: ignore[import-not-found,unused-ignore]
-    from simgrid import ActivitySet, Comm, Engine, LinkInRoute
+    from simgrid import ActivitySet, Comm, Engine, LinkInRoute, this_actor
 
     engine = Engine(["crosscheck", *spec["args"]])
     zone = engine.netzone_root
@@ -45,10 +49,35 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     zone.seal()
     finish: list[list[float]] = []
 
+    def parallel_task(comms: list[list[Any]], done: list[float]) -> Callable[[], None]:
+        names = list(dict.fromkeys(n for s, d, _ in comms for n in (s, d)))
+        index = {n: i for i, n in enumerate(names)}
+        amounts = [0.0] * (len(names) * len(names))
+        for s, d, size in comms:
+            amounts[index[s] * len(names) + index[d]] = float(size)
+
+        def go() -> None:
+            this_actor.parallel_execute([hosts[n] for n in names], [0.0] * len(names), amounts)
+            done.append(engine.clock)
+
+        return go
+
     def driver() -> None:
         for case in spec["cases"]:
             start = engine.clock
-            comms = [Comm.sendto_async(hosts[s], hosts[d], int(size)) for s, d, size in case]
+            if spec["parallel_tasks"]:
+                ends: list[list[float]] = [[] for _ in case]
+                actors = [
+                    hosts[t[0][0]].add_actor(f"transfer{i}", parallel_task(t, ends[i]))
+                    for i, t in enumerate(case)
+                ]
+                for actor in actors:
+                    actor.join()
+                finish.append(
+                    [end[0] - start for t, end in zip(case, ends, strict=True) for _ in t]
+                )
+                continue
+            comms = [Comm.sendto_async(hosts[s], hosts[d], int(n)) for t in case for s, d, n in t]
             pending = ActivitySet()
             for comm in comms:
                 pending.push(comm)
@@ -57,7 +86,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     hosts[spec["hosts"][0]].add_actor("driver", driver)
     engine.run()
-    return {"version": getattr(simgrid, "__version__", "unknown"), "finish": finish}
+    return {"version": getattr(simgrid, "simgrid_version", "unknown"), "finish": finish}
 
 
 def main() -> int:
