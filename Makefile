@@ -85,7 +85,7 @@ fuzz: setup
 	$(PY) -m fuzz --count 100000
 
 ## sim-crosscheck: build SimGrid 4.1 from its source distribution into the environment (a C++
-## build: cmake, g++, Boost; 20-40 min on two cores; never part of setup), then cross-check the
+## build: cmake, g++, Boost; 10-40 min on two cores; never part of setup), then cross-check the
 ## flow model against SimGrid's flow-level model on a leaf-spine (docs/fabric.md). SimGrid 4.1's
 ## bindings need pybind11 2.x; the venv's bin first on PATH makes cmake find its interpreter.
 sim-crosscheck: setup
