@@ -41,8 +41,8 @@ share (multi-rate), the home model holds every branch at one rate.
 **Network model variants** (``--variants``): ``raw`` is SimGrid's plain max-min model (its
 ``raw`` network model: no latency or bandwidth factor, no TCP window, no RTT weighting, no
 cross traffic) with zero link latency: it compares bandwidth sharing only, the home model's
-one concern. ``lv08`` is SimGrid's default model (LV08: latency x 13.01, each flow bounded to
-0.97 of its bottleneck, RTT-weighted sharing with S = 20537 bytes, TCP window gamma
+one concern. ``lv08`` is SimGrid's default model (LV08: latency x 13.01, every flow moving
+0.97 of the share it is given, RTT-weighted sharing with S = 20537 bytes, TCP window gamma
 4 MiB, 5 % reverse cross traffic) with ``latency_us`` per link: what a SimGrid user gets by
 default, TCP-like, which an RDMA fabric is not. ``ptask`` runs every transfer as one SimGrid
 parallel task (the ``ptask_L07`` host model, zero latency): a tree is then one activity over
@@ -55,16 +55,22 @@ it) it runs the home model only and says so.
 
 Classes:
     CrossCheckConfig: the fabric, the scenario sizes and the SimGrid variants.
-    Path: one transfer's links (a unicast's route or a tree's links).
     Transfer: a unicast or a multicast tree and the receivers it serves.
     Case: one scenario at one N: its transfers.
 
+Types:
+    Path: the node names along a route, source first.
+
 Functions:
+    link_capacities: every directed link of the fabric and its rate.
+    unicast_route, tree_routes: a unicast's route and a tree's, from the fabric plan.
     build_cases: every scenario of a configuration.
     run_home: the completion time of every receiver on the home model.
     simgrid_spec: the platform and comms the SimGrid worker runs (JSON-able).
+    simgrid_available: whether SimGrid imports.
     run_simgrid: run the worker for one variant; None when SimGrid is not installed.
-    compare: the table rows (home, SimGrid per variant, ratios).
+    receiver_times: the receivers' times from the worker's per-comm times.
+    compare, format_table: the table rows (home, SimGrid per variant, ratios) and its Markdown.
     main: command line.
 """
 
@@ -90,14 +96,20 @@ __all__ = [
     "VARIANTS",
     "Case",
     "CrossCheckConfig",
+    "Path",
     "Transfer",
     "build_cases",
     "compare",
+    "format_table",
+    "link_capacities",
     "main",
+    "receiver_times",
     "run_home",
     "run_simgrid",
     "simgrid_available",
     "simgrid_spec",
+    "tree_routes",
+    "unicast_route",
 ]
 
 VARIANTS: dict[str, list[str]] = {
@@ -170,7 +182,7 @@ Path = tuple[str, ...]
 
 @dataclass(frozen=True)
 class Transfer:
-    """A unicast (``edges`` one route) or a multicast tree (``edges`` its links, parent first).
+    """What one pool node sends: a unicast (one receiver) or a multicast tree (its receivers).
 
     Attributes:
         source: the pool node sending.
