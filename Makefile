@@ -7,7 +7,7 @@ P4_SRC  := $(shell find p4src/shared p4src/v1model -name '*.p4')
 P4C_TOFINO ?= $(shell command -v bf-p4c 2>/dev/null || { [ -x /opt/p4-tofino/bin/bf-p4c ] && echo /opt/p4-tofino/bin/bf-p4c; })
 P4TEST  ?= $(shell command -v p4test 2>/dev/null || { [ -x /opt/p4/bin/p4test ] && echo /opt/p4/bin/p4test; })
 
-.PHONY: setup demo serve test test-fast p4 p4-tofino constants bench fuzz faults lint clean
+.PHONY: setup demo serve test test-fast p4 p4-tofino constants bench fuzz faults sim-crosscheck lint clean
 
 setup:
 	bash scripts/setup.sh
@@ -83,6 +83,16 @@ faults: setup
 ## pool node, agent); a seeded 2,000 per target runs in the tests (tests/fuzz)
 fuzz: setup
 	$(PY) -m fuzz --count 100000
+
+## sim-crosscheck: build SimGrid 4.1 from its source distribution into the environment (a C++
+## build: cmake, g++, Boost; 10-40 min on two cores; never part of setup), then cross-check the
+## flow model against SimGrid's flow-level model on a leaf-spine (docs/fabric.md). SimGrid 4.1's
+## bindings need pybind11 2.x; the venv's bin first on PATH makes cmake find its interpreter.
+sim-crosscheck: setup
+	$(PY) -c 'import simgrid' 2>/dev/null || { \
+	    $(PY) -m pip install 'pybind11>=2.4,<3' setuptools && \
+	    PATH="$(abspath $(dir $(PY))):$$PATH" $(PY) -m pip install --no-build-isolation simgrid==4.1; }
+	$(PY) -m experiments.sim.crosscheck --out results/sim-crosscheck
 
 lint: setup
 	$(PY) -m ruff check .

@@ -20,7 +20,7 @@ ENTRY_POINTS = [
     "experiments.faults", "experiments.incast", "experiments.lofo", "experiments.prefill_rate",
     "experiments.prefix_share", "experiments.replication", "experiments.serving",
     "experiments.serving_engine", "experiments.trace_replay", "experiments.sim.validate",
-    "experiments.sim.fabric", "experiments.sram_tokens",
+    "experiments.sim.fabric", "experiments.sim.crosscheck", "experiments.sram_tokens",
     "experiments.q1_selection", "experiments.q2_tiers", "experiments.q3_eviction",
     "experiments.q4_breakeven",
 ]  # fmt: skip

@@ -25,6 +25,9 @@ Modules:
     q1, q2, q3, q4: one experiment per research question (run through the thin entry modules
         ``experiments.q1_selection``, ``q2_tiers``, ``q3_eviction``, ``q4_breakeven``).
     replication: a hot prefix on k pool replicas vs switch multicast (``experiments.replication``).
+    fabric: where in a leaf-spine fabric a shared prefix should be cached (the placement rules).
+    crosscheck: the flow model against SimGrid's flow-level model on the same leaf-spine;
+        crosscheck_simgrid: its SimGrid side, run in a child process (SimGrid is optional).
 
 The package owns the model and the research questions' runs. It may import :mod:`kvcast`
 (the switch's sizes and the fabric), :mod:`controlplane.policies` (the SRAM policies it runs),

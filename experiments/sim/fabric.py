@@ -33,6 +33,8 @@ Classes:
     RuleResult: one rule's figures.
 
 Functions:
+    build_plan: the fabric of a configuration as a :class:`kvcast.fabric.FabricPlan`.
+    draw_workload: the groups (members, pool node) drawn with the configuration's seed.
     simulate: every rule on one drawn workload.
     main: command line.
 """
@@ -50,7 +52,15 @@ from experiments.sim.flows import FlowNetwork, Link
 from experiments.sim.report import result_line
 from kvcast.fabric import Attachment, FabricPlan, Uplink
 
-__all__ = ["RULES", "FabricSimConfig", "RuleResult", "main", "simulate"]
+__all__ = [
+    "RULES",
+    "FabricSimConfig",
+    "RuleResult",
+    "build_plan",
+    "draw_workload",
+    "main",
+    "simulate",
+]
 
 RULES = ("pool", "pool-leaf", "spine", "member-leaves", "first-meet")
 
@@ -115,7 +125,12 @@ class RuleResult:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def _plan(cfg: FabricSimConfig) -> FabricPlan:
+def build_plan(cfg: FabricSimConfig) -> FabricPlan:
+    """The fabric of ``cfg`` as a plan.
+
+    Leaves ``l{i}``, spines ``s{k}``, hosts ``h{i}.{j}``, pool nodes ``p{i}.{j}``; a leaf's ports
+    are its hosts, its pool nodes, then one uplink per spine.
+    """
     leaves = [f"l{i}" for i in range(cfg.leaves)]
     spines = [f"s{k}" for k in range(cfg.spines)]
     links = [
@@ -136,7 +151,7 @@ def _plan(cfg: FabricSimConfig) -> FabricPlan:
     return FabricPlan(leaves, spines, links, nodes)
 
 
-def _workload(cfg: FabricSimConfig, plan: FabricPlan) -> list[tuple[list[str], str]]:
+def draw_workload(cfg: FabricSimConfig, plan: FabricPlan) -> list[tuple[list[str], str]]:
     """(members, pool node) per group, drawn with the config's seed.
 
     A server is in one group until every server of its leaf is (then servers are reused), so
@@ -273,8 +288,8 @@ def simulate(cfg: FabricSimConfig, rules: Sequence[str] = RULES) -> list[RuleRes
     Raises:
         ValueError: an unknown rule.
     """
-    plan = _plan(cfg)
-    work = _workload(cfg, plan)
+    plan = build_plan(cfg)
+    work = draw_workload(cfg, plan)
     return [_run_rule(rule, cfg, plan, work) for rule in rules]
 
 
