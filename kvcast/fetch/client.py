@@ -73,6 +73,8 @@ from kvcast.fetch.state import (
     _HDR,
     _LOG,
     _MAX_DATA_FRAGS,
+    _MISSING,
+    _REQUESTED,
     _SLOT,
     DEFAULT_CHUNKS_IN_FLIGHT,
     GAP_FRAGMENTS,
@@ -82,6 +84,7 @@ from kvcast.fetch.state import (
     Address,
     Array,
     ChunkRequest,
+    Progress,
     _GiveUp,
     _Path,
     _resolved,
@@ -245,6 +248,8 @@ class FetchClient(_Transport):
         # Replicas of the group's other chunks read while following one (STASH_MAX_BYTES).
         self._stash: dict[tuple[int, int], list[bytes]] = {}
         self._stash_bytes = 0
+        self._progress: Progress | None = None
+        self._stripe = 0  # fetch_many's stripe in fragments (0: the earliest chunk first)
 
     @property
     def data_path(self) -> str:
@@ -394,6 +399,8 @@ class FetchClient(_Transport):
         *,
         max_chunks_in_flight: int | None = None,
         stop_after_failure: bool = False,
+        progress: Progress | None = None,
+        stripe_bytes: int | None = None,
     ) -> list[FetchReport]:
         """Fetches several chunks with their GETs in flight together (a window of chunks).
 
@@ -412,6 +419,20 @@ class FetchClient(_Transport):
             stop_after_failure: start no further chunk once one has ended in ``RECOMPUTE``
                 (a prefix is of use only up to its first missing block); chunks already in
                 flight run to their end.
+            progress: called as ``progress(i, nbytes)`` (in this thread, between receives)
+                whenever the verified contiguous prefix of chunk ``i`` (its index in
+                ``requests``) grows to ``nbytes``: ``dst[:nbytes]`` then holds the chunk's
+                bytes, every fragment CRC-checked, and no later datagram changes them. A
+                chunk of a tenant with a MAC key is reported once, whole, after its MAC
+                matched (no partial prefix of it is ever reported); a complete chunk's last
+                call names its full length. A chunk may still end in ``RECOMPUTE`` after a
+                partial prefix of it was reported (its later fragments never came): only the
+                report says it is whole. An exception from ``progress`` ends ``fetch_many``.
+            stripe_bytes: send GETs stripe by stripe over the chunks in flight: the window
+                goes to the fragments of every chunk's first ``stripe_bytes`` bytes, then the
+                next ``stripe_bytes``, and so on (a layer-major KV chunk's layers, with the
+                layer's bytes as the stripe: layer 0 of every chunk arrives first). None: the
+                earliest chunk first, as a prefix is wanted in order.
 
         Returns:
             One report per chunk started, in the order of ``requests`` (all of them unless
@@ -421,7 +442,8 @@ class FetchClient(_Transport):
         Raises:
             FetchError: a request's ``dst`` or ``nbytes`` is unusable (as for ``fetch``),
                 before anything is sent.
-            ValueError: ``max_chunks_in_flight`` is not in ``1 .. 64``.
+            ValueError: ``max_chunks_in_flight`` is not in ``1 .. 64``, or ``stripe_bytes`` is
+                not positive.
         """
         k = self.max_chunks_in_flight if max_chunks_in_flight is None else max_chunks_in_flight
         if not 1 <= k <= MAX_FETCHES:
@@ -429,6 +451,25 @@ class FetchClient(_Transport):
         arrays = [self._as_array(r.dst) for r in requests]
         for arr, r in zip(arrays, requests, strict=True):
             self._check_len(arr, r.nbytes)
+        if stripe_bytes is not None and stripe_bytes < 1:
+            raise ValueError(f"stripe_bytes must be positive, got {stripe_bytes}")
+        self._progress = progress
+        self._stripe = 0 if stripe_bytes is None else frag_count(stripe_bytes)
+        try:
+            return self._fetch_many(requests, arrays, k, stop_after_failure, progress)
+        finally:
+            self._progress = None
+            self._stripe = 0
+
+    def _fetch_many(
+        self,
+        requests: Sequence[ChunkRequest],
+        arrays: list[Array],
+        k: int,
+        stop_after_failure: bool,
+        progress: Progress | None,
+    ) -> list[FetchReport]:
+        """``fetch_many`` once its arguments are checked."""
         states: list[_State] = []
         active: list[_State] = []
         failed = False
@@ -444,11 +485,14 @@ class FetchClient(_Transport):
                 st = self._start(r.tenant, r.key, arrays[len(states)], r.nbytes)
                 st.get_group = self.group
                 st.deadline = st.started + self.deadline_s
+                st.index = len(states)
                 states.append(st)
                 active.append(st)
             if not active:
                 break
             self._run_many(active)
+            if progress is not None:
+                self._advance(active)
             now = time.monotonic()
             for st in [s for s in active if s.give_up is not None or not s.missing]:
                 st.ended = now
@@ -466,9 +510,34 @@ class FetchClient(_Transport):
                 except _GiveUp as give_up:
                     reason = give_up.reason
                 mac_s = time.monotonic() - t0
+                if reason is None and progress is not None:
+                    st.prefix = st.n
+                    progress(st.index, st.nbytes)
             duration = st.ended - st.started + mac_s
             reports.append(self._conclude(st, reason, duration, r.parent, r.position, r.kv_class))
         return reports
+
+    def _advance(self, active: list[_State]) -> None:
+        """Reports the fetches in ``active`` whose verified contiguous prefix grew.
+
+        The prefix ends at the first fragment not present (missing or requested); present
+        fragments never change again. Fetches that gave up, and those of a tenant with a MAC
+        key (reported by ``fetch_many`` once the MAC matched), are skipped.
+        """
+        progress = self._progress
+        assert progress is not None
+        for st in active:
+            if st.give_up is not None or st.tenant in self.mac_keys or st.prefix == st.n:
+                continue
+            if not st.missing:
+                end = st.n
+            else:
+                frag, at = st.frag, st.prefix
+                gaps = [i for i in (frag.find(_MISSING, at), frag.find(_REQUESTED, at)) if i >= 0]
+                end = min(gaps) if gaps else st.n
+            if end > st.prefix:
+                st.prefix = end
+                progress(st.index, min(end * _FB, st.nbytes))
 
     def _as_array(self, dst: Any) -> Array:
         """The fetch's destination as a 1-D uint8 array over the same memory.

@@ -324,13 +324,19 @@ class _Recovery(_ClientBase):
         st.want_direct = False
         st.direct_done = True  # once per fetch
         assert self.direct is not None
+        # A prefix already reported to fetch_many's progress callback is never written again:
+        # the read then goes to a scratch buffer and only what follows the prefix is copied.
+        done = min(st.prefix * _FB, st.nbytes)
+        into = st.out[: st.nbytes] if not done else memoryview(bytearray(st.nbytes))
         try:
-            n = self.direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
+            n = self.direct.get_into(st.tenant, st.key, into)
         except Exception as exc:  # any failure of the other path leaves the KVP fetch running
             _LOG.info("direct read of chunk %#x failed, KVP goes on: %s", st.key, exc)
             n = None
         if n != st.nbytes:
             return
+        if done:
+            st.out[done : st.nbytes] = into[done:]
         st.report.path = "direct"
         st.report.direct_bytes = n
         st.frag[:] = _PRESENT_BYTE * st.n

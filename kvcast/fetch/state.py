@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,9 @@ _FRAG_IDX_AT = 24
 if KVP_STRUCT.unpack(bytes(range(_HDR)))[9] != (_FRAG_IDX_AT << 8) | (_FRAG_IDX_AT + 1):
     raise ImportError("_FRAG_IDX_AT does not match KVP_STRUCT")  # pragma: no cover
 
+
+Progress = Callable[[int, int], None]
+"""``fetch_many``'s progress callback: ``(index of the chunk in the requests, bytes)``."""
 
 _Get = tuple[int, int, float, float]
 """A GET in flight: (first fragment, fragments asked, deadline, time sent). A tuple: one is
@@ -247,6 +251,10 @@ class _State:
     """When ``fetch_many`` saw the fetch end (its last fragment arrived, or it gave up)."""
     give_up: RecomputeReason | None = None
     """Why ``fetch_many`` gave this fetch up (None: it has not)."""
+    index: int = 0
+    """The fetch's place in ``fetch_many``'s requests (what its progress callback names)."""
+    prefix: int = 0
+    """Fragments of the verified contiguous prefix already reported to the progress callback."""
 
     def __post_init__(self) -> None:
         self.out = memoryview(self.dst.data).cast("B")
@@ -311,8 +319,11 @@ class _ClientBase:
     _next_req: int
     _stash: dict[tuple[int, int], list[bytes]]
     _stash_bytes: int
+    _progress: Progress | None
+    _stripe: int
 
     if TYPE_CHECKING:  # defined by the parts and the client; declared for the others
 
         def _start(self, tenant: int, key: int, dst: Array, nbytes: int | None) -> _State: ...
         def _run(self, st: _State, deadline: float) -> None: ...
+        def _advance(self, active: list[_State]) -> None: ...
