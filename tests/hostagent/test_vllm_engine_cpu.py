@@ -98,8 +98,7 @@ def llm(
 ) -> Iterator[Any]:
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
-    from vllm import LLM
-
+    from experiments.serving_engine import build_engine
     from experiments.serving_plan import make_model
 
     model = make_model(tmp_path_factory.mktemp("model") / "llama", SHAPE)
@@ -112,17 +111,7 @@ def llm(
         "save_async": False,
         "fetch": {"timeout_s": 0.05, "max_timeout_s": 0.1, "max_retries": 2, "deadline_s": 2.0},
     }
-    engine = LLM(
-        model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK,
-        enable_prefix_caching=True, max_model_len=1024, max_num_batched_tokens=1024,
-        enforce_eager=True, distributed_executor_backend="uni", seed=0,
-        kv_transfer_config={
-            "kv_connector": "KvcastConnector",
-            "kv_connector_module_path": "hostagent.vllm_connector",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": extra,
-        },
-    )  # fmt: skip
+    engine = build_engine(str(model), extra, max_model_len=1024, dtype="float32")
     yield engine
     del engine
     for k, v in saved.items():
