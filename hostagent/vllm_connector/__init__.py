@@ -48,8 +48,8 @@ Worker side (``role == WORKER``):
   ``register_kv_caches``' order) of every chunk of the step is copied from verified bytes or
   its chunk has failed (``layers.LayerGate``), so the forward runs layer ``l`` while later
   layers arrive (``pipeline_layers``, on by default). Verified: CRC-checked fragments and, for
-  a tenant with MAC keys, the chunk's MAC matched; a MAC covers the whole chunk, so such a
-  chunk's layers are released only once it is whole and authenticated. With ``load_async``
+  a tenant with MAC keys, segments that match their MACs (``kvcast.integrity``: one per 16 KiB,
+  the MAC object fetched beside the chunk). With ``load_async``
   the engine goes on and ``get_finished`` reports the requests whose loads ended.
 * A chunk that does not arrive complete and verified is never reported as loaded: its blocks, and
   every later block of the same request, are returned by ``get_block_ids_with_load_errors``

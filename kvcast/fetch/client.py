@@ -27,9 +27,10 @@ ends complete or with a clear ``RECOMPUTE``.
 Trust: datagrams are taken only from the service address and the pool addresses the client was given
 (``pool_addr``, ``pool_addrs``), never from "any sender whose UDP source port is the KVP port"; a
 DATA or NACK counts only for one of this fetch's own GETs, or, as a replica, for this client's
-group. With a tenant key (``mac_keys``), a chunk whose MAC does not match is counted as an attack
-(``mac_failures``), its bytes are dropped, and chunk and MAC are fetched again from the pool
-directly (the pool's own client, else KVP to ``pool_addr``); only a match then completes it.
+group. With a tenant key (``mac_keys``), a chunk whose MAC object (one MAC per segment,
+``kvcast.integrity``) does not match is counted as an attack (``mac_failures``), its bytes are
+dropped, and chunk and MAC object are fetched again from the pool directly (the pool's own
+client, else KVP to ``pool_addr``); only a match then completes it.
 
 Reports: a client given a ``reporter`` (``kvcast.reports.ReportSink``) hands it one access record
 per fetch or follow (``entry_from_fetch``: the chunk, this host, the wall-clock time, ``hit`` when
@@ -91,7 +92,7 @@ from kvcast.fetch.state import (
     _State,
 )
 from kvcast.fetch.transport import _Transport
-from kvcast.integrity import MAC_BYTES, check_keys
+from kvcast.integrity import check_keys, mac_key_of, mac_object_bytes
 from kvcast.kvclass import KvClass
 from kvcast.kvp import DEFAULT_MTU, MAX_FRAGMENTS, frag_count, frags_per_data
 from kvcast.native import enabled as native_enabled
@@ -134,7 +135,8 @@ class FetchClient(_Transport):
         reporter: where to hand one access record per fetch (None: no reports).
         report_host: this host's name (or id) in the records; default: the hostname.
         mac_keys: tenant -> secret (kvcast.integrity): a chunk of such a tenant is complete
-            only once its keyed MAC, fetched after the last fragment, matches its bytes.
+            only once its keyed MAC object (fetched after the last fragment, or beside the
+            chunk by ``fetch_many`` with progress) matches its bytes, segment by segment.
         direct: the pool's own client (a ``PoolBackend``: Mooncake's transfer engine in
             deployment) for lone misses: once a pool answers a unicast fetch's GET (so the
             switch does not hold the chunk and no group shares the fetch), the rest of the chunk
@@ -215,7 +217,6 @@ class FetchClient(_Transport):
         self.mac_keys = check_keys(mac_keys or {})
         self.gap_fragments = GAP_FRAGMENTS
         self.direct = direct
-        self._mac_buf: Array = np.zeros(MAC_BYTES, dtype=np.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
         # The only senders the unconnected socket takes datagrams from: the paths (the switch's
         # service address, the pool) and the pool nodes the switch may forward misses to. Not
@@ -411,7 +412,9 @@ class FetchClient(_Transport):
         and a multi-chunk fetch keeps the pool (or the switch) busy instead of waiting one round
         trip per chunk. Every DATA names its chunk (tenant, key) and the GET it answers, and is
         checked against that chunk only (range, owner, CRC), so chunks never mix. A chunk's MAC
-        (``mac_keys``) is fetched and compared after the data of every chunk has arrived.
+        object (``mac_keys``) is fetched and compared after the data of every chunk has
+        arrived, or, with ``progress``, fetched beside the chunk and compared segment by
+        segment as the data arrives.
 
         Args:
             requests: the chunks, in the order they are wanted.
@@ -422,12 +425,14 @@ class FetchClient(_Transport):
             progress: called as ``progress(i, nbytes)`` (in this thread, between receives)
                 whenever the verified contiguous prefix of chunk ``i`` (its index in
                 ``requests``) grows to ``nbytes``: ``dst[:nbytes]`` then holds the chunk's
-                bytes, every fragment CRC-checked, and no later datagram changes them. A
-                chunk of a tenant with a MAC key is reported once, whole, after its MAC
-                matched (no partial prefix of it is ever reported); a complete chunk's last
-                call names its full length. A chunk may still end in ``RECOMPUTE`` after a
-                partial prefix of it was reported (its later fragments never came): only the
-                report says it is whole. An exception from ``progress`` ends ``fetch_many``.
+                bytes, every fragment CRC-checked, and no later datagram changes them. For a
+                tenant with a MAC key the prefix ends, further, after the last segment that
+                matched its MAC (nothing unauthenticated is reported; a chunk whose later
+                segment fails is not repaired once part of it was reported: it ends
+                ``MAC_MISMATCH``); a complete chunk's last call names its full length. A
+                chunk may still end in ``RECOMPUTE`` after a partial prefix of it was reported
+                (its later fragments never came): only the report says it is whole. An
+                exception from ``progress`` ends ``fetch_many``.
             stripe_bytes: send GETs stripe by stripe over the chunks in flight: the window
                 goes to the fragments of every chunk's first ``stripe_bytes`` bytes, then the
                 next ``stripe_bytes``, and so on (a layer-major KV chunk's layers, with the
@@ -476,7 +481,8 @@ class FetchClient(_Transport):
         while True:
             while (
                 len(states) < len(requests)
-                and len(active) < k
+                and sum(not a.is_mac for a in active) < k
+                and len(active) + 2 <= MAX_FETCHES
                 and not (failed and stop_after_failure)
             ):
                 r = requests[len(states)]
@@ -487,6 +493,14 @@ class FetchClient(_Transport):
                 st.deadline = st.started + self.deadline_s
                 st.index = len(states)
                 states.append(st)
+                if progress is not None and st.tenant in self.mac_keys:
+                    # Its MAC object beside it (first in the window), so that each segment can
+                    # be verified, and handed on, as it arrives.
+                    size = mac_object_bytes(st.nbytes)
+                    mac = self._start(st.tenant, mac_key_of(st.key), np.zeros(size, np.uint8), size)
+                    mac.deadline, mac.is_mac = st.deadline, True
+                    st.mac_of = mac
+                    active.append(mac)
                 active.append(st)
             if not active:
                 break
@@ -497,20 +511,21 @@ class FetchClient(_Transport):
             for st in [s for s in active if s.give_up is not None or not s.missing]:
                 st.ended = now
                 active.remove(st)
-                failed |= st.give_up is not None
+                failed |= st.give_up is not None and not st.is_mac
         reports = []
         for st, r in zip(states, requests, strict=False):
             reason = st.give_up
             mac_s = 0.0
             secret = self.mac_keys.get(st.tenant)
             if reason is None and secret is not None:
+                self._take_macs(st)
                 t0 = time.monotonic()
                 try:
                     self._verify_mac(st, secret, t0 + self.deadline_s)
                 except _GiveUp as give_up:
                     reason = give_up.reason
                 mac_s = time.monotonic() - t0
-                if reason is None and progress is not None:
+                if reason is None and progress is not None and st.prefix < st.n:
                     st.prefix = st.n
                     progress(st.index, st.nbytes)
             duration = st.ended - st.started + mac_s
@@ -521,13 +536,14 @@ class FetchClient(_Transport):
         """Reports the fetches in ``active`` whose verified contiguous prefix grew.
 
         The prefix ends at the first fragment not present (missing or requested); present
-        fragments never change again. Fetches that gave up, and those of a tenant with a MAC
-        key (reported by ``fetch_many`` once the MAC matched), are skipped.
+        fragments never change again. For a tenant with a MAC key it ends, further, after the
+        last segment found equal to its MAC (none before the MAC object has arrived). Fetches
+        that gave up, and those of MAC objects, are skipped.
         """
         progress = self._progress
         assert progress is not None
         for st in active:
-            if st.give_up is not None or st.tenant in self.mac_keys or st.prefix == st.n:
+            if st.give_up is not None or st.is_mac or st.prefix == st.n:
                 continue
             if not st.missing:
                 end = st.n
@@ -535,9 +551,20 @@ class FetchClient(_Transport):
                 frag, at = st.frag, st.prefix
                 gaps = [i for i in (frag.find(_MISSING, at), frag.find(_REQUESTED, at)) if i >= 0]
                 end = min(gaps) if gaps else st.n
+            secret = self.mac_keys.get(st.tenant)
+            if secret is not None:
+                self._take_macs(st)
+                end = self._verified_segments(st, secret, end)
             if end > st.prefix:
                 st.prefix = end
                 progress(st.index, min(end * _FB, st.nbytes))
+
+    @staticmethod
+    def _take_macs(st: _State) -> None:
+        """Takes the MAC object fetched beside ``st`` once that fetch has ended complete."""
+        mac = st.mac_of
+        if st.macs is None and mac is not None and mac.give_up is None and not mac.missing:
+            st.macs = mac.dst.tobytes()
 
     def _as_array(self, dst: Any) -> Array:
         """The fetch's destination as a 1-D uint8 array over the same memory.

@@ -79,10 +79,12 @@ def test_a_waiter_wakes_when_its_layer_is_released_and_shows_what_it_waits_for()
 
 vllm = pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
 
+import torch  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 
 from kvcast import p4constants as c  # noqa: E402
 from kvcast.backend import InMemoryBackend  # noqa: E402
+from kvcast.fetch import RecomputeReason  # noqa: E402
 from kvcast.wire import KvpHeader  # noqa: E402
 from tests.hostagent.fakes import FakeServer, pool  # noqa: E402
 from tests.hostagent.refbridge import RefSwitchBridge  # noqa: E402
@@ -92,8 +94,10 @@ from tests.hostagent.test_vllm_connector import (  # noqa: E402
     FETCH,
     LAYERS,
     PROMPT,
+    TENANT,
     Engine,
     _vllm_env,  # noqa: F401 - the autouse fixture: pool, sink, vLLM's environment
+    engine_on_switch,
     hashes,
     meta_of,
     model_dir,  # noqa: F401 - the model directory fixture
@@ -244,3 +248,36 @@ def test_a_name_that_is_no_registered_layer_waits_for_the_whole_load(
         assert w.consumer.kv._sync_job is None  # the job has ended and been collected
         assert w.consumer.block_bytes(w.blocks[3]) == w.producer.block_bytes(w.theirs[3])
         opener.join()
+
+
+def test_with_mac_keys_a_forged_chunk_reaches_no_block_and_the_ones_before_it_load(
+    model_dir: Path,  # noqa: F811
+    switch: RefSwitchBridge,  # noqa: F811
+) -> None:
+    keys = {str(TENANT): bytes(range(32)).hex()}
+    producer = engine_on_switch(model_dir, switch, host="producer", mac_keys=keys)
+    for kv in producer.caches.values():
+        kv.copy_(torch.randn(kv.shape))
+    producer.add("p", PROMPT)
+    assert producer.run_worker(producer.scheduler.schedule()) == set()
+    theirs = producer.blocks("p")
+    # The pool's copy of the third block goes bad (a rewrite with valid CRCs).
+    backend = CURRENT["backend"]
+    third = hashes(PROMPT)[2]
+    backend.put(TENANT, third, b"\x5a" * len(backend.get(TENANT, third)))
+    consumer = engine_on_switch(model_dir, switch, host="consumer", mac_keys=keys)
+    consumer.add("c", PROMPT)
+    out = consumer.scheduler.schedule()
+    errors = consumer.run_worker(out)
+    blocks = consumer.blocks("c")
+    assert errors == set(blocks[2:4])
+    reports = consumer.kv.last_reports
+    assert [r.mac_verified for r in reports[:2]] == [True, True]
+    assert reports[2].reason is RecomputeReason.MAC_MISMATCH
+    for mine, src in zip(blocks[:2], theirs[:2], strict=True):
+        assert consumer.block_bytes(mine) == producer.block_bytes(src)
+    # Nothing of the forged chunk reached the cache: its block still holds the zeros it had.
+    assert not any(any(b) for b in consumer.block_bytes(blocks[2]))
+    assert consumer.kv.stats["chunks_failed"] == 1
+    producer.close()
+    consumer.close()

@@ -16,7 +16,7 @@ import pytest
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
 from kvcast.fetch import ChunkRequest, FetchClient, FetchReport, RecomputeReason
-from kvcast.integrity import chunk_mac, mac_key_of
+from kvcast.integrity import SEGMENT_BYTES, chunk_mac, mac_key_of
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, Partial, Respond
 
@@ -210,3 +210,68 @@ def test_a_stripe_must_be_positive(pool_server: PoolServer) -> None:
         pytest.raises(ValueError, match="stripe_bytes"),
     ):
         client.fetch_many(requests(KEYS[:1]), stripe_bytes=0)
+
+
+# -------------------------------------------------------------- a MAC tenant's segments
+
+BIG = 0x2100
+BIG_CHUNK = os.urandom(3 * SEGMENT_BYTES + 1000)  # four segments, the last one short
+SECRET = bytes(range(7, 39))
+
+
+def big_pool(forged_segment: int | None) -> InMemoryBackend:
+    """BIG with its true MAC object; one segment's bytes rewritten (CRCs served valid)."""
+    b = InMemoryBackend()
+    data = bytearray(BIG_CHUNK)
+    if forged_segment is not None:
+        at = forged_segment * SEGMENT_BYTES + 5
+        data[at] ^= 0xFF
+    b.put(TENANT, BIG, bytes(data))
+    b.put(TENANT, mac_key_of(BIG), chunk_mac(SECRET, TENANT, BIG, BIG_CHUNK))
+    return b
+
+
+def fetch_big(
+    service: InMemoryBackend, pool_copy: InMemoryBackend | None
+) -> tuple[FetchReport, list[int], bool]:
+    """BIG through fetch_many with progress: (report, reported lengths, all reported bytes true)."""
+    dst = np.zeros(len(BIG_CHUNK), dtype=np.uint8)
+    calls: list[int] = []
+    true = [True]
+
+    def progress(_i: int, n: int) -> None:
+        calls.append(n)
+        true[0] &= bytes(dst[:n]) == BIG_CHUNK[:n]
+
+    with (
+        PoolServer(service, "127.0.0.1", 0, cache_bytes=0) as srv,
+        PoolServer(pool_copy or service, "127.0.0.1", 0, cache_bytes=0) as direct_pool,
+        FetchClient(
+            srv.address, direct_pool.address if pool_copy else None,
+            mac_keys={TENANT: SECRET}, window=4, frags_per_get=4, **FAST,
+        ) as client,
+    ):  # fmt: skip
+        (report,) = client.fetch_many([ChunkRequest(TENANT, BIG, dst)], progress=progress)
+    return report, calls, true[0]
+
+
+def test_a_mac_tenants_chunk_is_handed_on_segment_by_segment() -> None:
+    report, calls, true = fetch_big(big_pool(None), None)
+    assert report.ok and report.mac_verified and true
+    assert calls[-1] == len(BIG_CHUNK) and len(calls) > 1
+    assert all(n % SEGMENT_BYTES == 0 for n in calls[:-1])
+
+
+def test_a_forged_later_segment_stops_the_chunk_after_the_segments_before_it() -> None:
+    # Segments 0 and 1 were verified and handed on; segment 2 does not match. The repair would
+    # rewrite bytes already handed on, so the chunk is not repaired: it is recomputed.
+    report, calls, true = fetch_big(big_pool(2), big_pool(None))
+    assert not report.ok and report.reason is RecomputeReason.MAC_MISMATCH
+    assert report.mac_failures == 1 and not report.mac_repaired
+    assert true and calls and max(calls) <= 2 * SEGMENT_BYTES
+
+
+def test_a_forged_first_segment_is_repaired_from_the_pool_before_anything_is_handed_on() -> None:
+    report, calls, true = fetch_big(big_pool(0), big_pool(None))
+    assert report.ok and report.mac_repaired and true
+    assert calls == [len(BIG_CHUNK)]
