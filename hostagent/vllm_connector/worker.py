@@ -276,8 +276,9 @@ class KvcastWorker:
             )
         self.last_reports = reports
         seconds = job.load_s = time.monotonic() - t0
+        loaded = sum(any(b not in failed for _, b in load.targets) for load in loads)
         self.counters.add(
-            load_job_counts(reports, len(failed), seconds, self.layout.chunk_bytes, cut)
+            load_job_counts(reports, len(failed), seconds, self.layout.chunk_bytes, cut, loaded)
         )
         return failed
 

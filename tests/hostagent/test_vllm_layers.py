@@ -222,7 +222,9 @@ def test_a_chunk_that_fails_after_layer_0_ran_is_reported_and_its_step_discarded
         w.consumer.worker.wait_for_layer_load(NAMES[1])  # returns once the chunk has failed
         errors = w.consumer.worker.get_block_ids_with_load_errors()
         assert errors == set(w.blocks[1:4])  # the failed block and the ones after it
-        assert w.consumer.kv.stats["chunks_failed"] == 1
+        stats = w.consumer.kv.stats
+        assert stats["chunks_failed"] == 1 and stats["chunks_loaded"] == 1
+        assert stats["chunks_discarded"] == 2  # in flight with it, arrived for a failed request
         # vLLM, told so, drops the step's output for the request and recomputes from block 1
         # on: nothing computed from the partly loaded block reaches an output.
         result = ModelRunnerOutput(
