@@ -516,6 +516,8 @@ class FetchClient(_Transport):
         for st, r in zip(states, requests, strict=False):
             reason = st.give_up
             mac_s = 0.0
+            if st.mac_of is not None:  # its MAC object's GETs are the chunk's too
+                st.report.gets_sent += st.mac_of.report.gets_sent
             secret = self.mac_keys.get(st.tenant)
             if reason is None and secret is not None:
                 self._take_macs(st)
