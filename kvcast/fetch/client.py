@@ -547,6 +547,9 @@ class FetchClient(_Transport):
         for st in active:
             if st.give_up is not None or st.is_mac or st.prefix == st.n:
                 continue
+            if st.missing == st.advanced_at and (st.macs is not None or st.mac_of is None):
+                continue  # no fragment arrived since (and no MAC object to take)
+            st.advanced_at = st.missing
             if not st.missing:
                 end = st.n
             else:

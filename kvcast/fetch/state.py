@@ -270,6 +270,8 @@ class _State:
     """Segments compared with their MACs and found equal, from the first on."""
     mac_bad: bool = False
     """A segment differed from its MAC: nothing past it is handed on."""
+    advanced_at: int = -1
+    """``missing`` when the progress callback last looked (unchanged: nothing new to report)."""
 
     def __post_init__(self) -> None:
         self.out = memoryview(self.dst.data).cast("B")
