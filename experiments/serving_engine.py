@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from kvcast import procs
 
@@ -104,7 +104,12 @@ def engine_env(core: int | None) -> dict[str, str]:
     return env
 
 
-def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: int) -> Any:
+def build_engine(
+    model: str,
+    connector: dict[str, Any] | None,
+    max_model_len: int,
+    dtype: Literal["bfloat16", "float32"] = "bfloat16",
+) -> Any:
     """A vLLM ``LLM`` on ``model`` (token ids in, token ids out) with the kvcast connector.
 
     Args:
@@ -112,6 +117,7 @@ def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: in
         connector: ``kv_connector_extra_config``
             (``hostagent.vllm_connector.config.ConnectorConfig``); None: no connector.
         max_model_len: longest prompt plus output.
+        dtype: the model's (and KV cache's) dtype.
 
     Returns:
         The ``vllm.LLM``.
@@ -130,7 +136,7 @@ def build_engine(model: str, connector: dict[str, Any] | None, max_model_len: in
     return LLM(
         model=model,
         skip_tokenizer_init=True,
-        dtype="bfloat16",
+        dtype=dtype,
         block_size=BLOCK_SIZE,
         enable_prefix_caching=True,
         max_model_len=max_model_len,

@@ -6,6 +6,9 @@ A chunk travels and is stored as **one contiguous byte range** laid out as
 
 so that fragment *i* of the wire is bytes ``[i*FRAG_BYTES, (i+1)*FRAG_BYTES)`` of that range and
 the fetch client can write every fragment straight into a preallocated tensor at its offset.
+The layer is the outermost dimension: layer ``l`` is the byte range ``[l, l + 1) x
+layer_bytes``, so a chunk whose first fragments have arrived holds its first layers whole, and
+the vLLM connector copies them into the engine's cache while the rest is on its way.
 
 Why not vLLM's own layout: vLLM (v1) keeps one tensor per attention layer, shaped
 ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (FlashAttention) or
@@ -35,10 +38,11 @@ tensors a cache is rebuilt from (``kv_from_blocks``).
 
 Functions:
     dtype_from_name: ``"bfloat16"`` -> ``torch.bfloat16``.
-    scatter_to_paged: copy a chunk into a block of vLLM's per-layer paged KV tensors.
-    scatter_many_to_paged: copy a batch of chunks into many blocks at once: one host-to-device
-        copy of the batch, then one indexed copy per layer (what a step's load needs on a GPU,
-        where a copy call per block and layer costs more than the bytes).
+    scatter_to_paged: copy a chunk (or its first layers) into a block of vLLM's per-layer paged
+        KV tensors.
+    scatter_many_to_paged: copy a batch of chunks into many blocks at once: one staging copy per
+        chunk, then one indexed copy per layer (what a step's load needs on a GPU, where a copy
+        call per block and layer costs more than the bytes).
     gather_from_paged: copy a block of vLLM's per-layer paged KV tensors into a chunk.
     block_from_kv: pack one block of per-layer ``[kv_heads, seq, head_dim]`` keys and values
         (Hugging Face's layout, one sequence) into a chunk.
@@ -176,6 +180,21 @@ class KVLayout:
         return self.bytes_per_token * self.block_size
 
     @property
+    def layer_bytes(self) -> int:
+        """Bytes of one layer of a chunk: layer ``l`` is bytes ``[l, l + 1) x layer_bytes``."""
+        return self.chunk_bytes // self.num_layers
+
+    def layers_in(self, nbytes: int) -> int:
+        """How many whole layers the first ``nbytes`` bytes of a chunk hold (layer-major).
+
+        Raises:
+            LayoutError: ``nbytes`` is not in ``0 .. chunk_bytes``.
+        """
+        if not 0 <= nbytes <= self.chunk_bytes:
+            raise LayoutError(f"a chunk prefix of {nbytes} bytes, not in 0..{self.chunk_bytes}")
+        return nbytes // self.layer_bytes
+
+    @property
     def frag_count(self) -> int:
         """Fragments of ``FRAG_BYTES`` per chunk; the last one may be shorter."""
         return frag_count(self.chunk_bytes)
@@ -310,6 +329,7 @@ def scatter_to_paged(
     block_id: int,
     paged: PagedLayout = "flash_attn",
     non_blocking: bool = False,
+    layers: range | None = None,
 ) -> None:
     """Copies a fetched chunk into block ``block_id`` of vLLM's per-layer KV tensors.
 
@@ -323,11 +343,12 @@ def scatter_to_paged(
         paged: which of vLLM's paged layouts ``kv_caches`` use.
         non_blocking: let a pinned-host-to-GPU copy run asynchronously on the current CUDA
             stream; ``chunk`` must then stay untouched until that stream has synchronized.
+        layers: copy only these layers (a chunk whose first layers have arrived); default all.
 
     Raises:
         LayoutError: the tensors do not match the layout.
     """
-    for part, slot in _paged_pairs(layout, chunk, kv_caches, block_id, paged):
+    for part, slot in _paged_pairs(layout, chunk, kv_caches, block_id, paged, layers):
         slot.copy_(part, non_blocking=non_blocking)
 
 
@@ -374,16 +395,25 @@ def scatter_many_to_paged(
     if len(set(blocks)) != len(blocks):
         raise LayoutError("a block is named twice in one scatter")
     device = kv_caches[0].device
-    staged = torch.empty((len(chunks), *layout.shape), dtype=layout.dtype, device=device)
+    chosen = range(layout.num_layers) if layers is None else layers
+    if not chosen:
+        return
+    lo, hi = min(chosen), max(chosen) + 1
+    if lo < 0 or hi > layout.num_layers:
+        raise LayoutError(f"layers {lo}..{hi - 1} outside the layout's {layout.num_layers}")
+    # Only the layers asked for are staged (a chunk is layer-major: one byte range).
+    staged = torch.empty(
+        (len(chunks), hi - lo, *layout.shape[1:]), dtype=layout.dtype, device=device
+    )
     for row, ch in zip(staged, chunks, strict=True):
-        row.copy_(layout.view(ch), non_blocking=non_blocking)
+        row.copy_(layout.view(ch)[lo:hi], non_blocking=non_blocking)
     pick = torch.tensor([i for i, _ in targets], device=device)
     idx = torch.tensor(blocks, device=device)
     identity = [i for i, _ in targets] == list(range(len(chunks)))
     src_all = staged if identity else staged.index_select(0, pick)
     d = layout.head_dim
-    for layer in range(layout.num_layers) if layers is None else layers:
-        src = src_all[:, layer]  # [n, 2, B, H, D]
+    for layer in chosen:
+        src = src_all[:, layer - lo]  # [n, 2, B, H, D]
         kv = kv_caches[layer]
         if paged == "bhnc":  # [n, 2, B, H, D] -> [n, H, B, 2 x D]: keys and values side by side
             n, _, b, h, _ = src.shape
@@ -423,17 +453,22 @@ def _paged_pairs(
     kv_caches: Sequence[torch.Tensor],
     block_id: int,
     paged: PagedLayout,
+    layers: range | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(part of the chunk, the same KV in block block_id)`` views, both ways of a copy.
 
     Raises:
-        LayoutError: the tensors do not match the layout.
+        LayoutError: the tensors do not match the layout, or ``layers`` is not within it.
     """
     _check_paged(layout, kv_caches, paged)
     view = layout.view(chunk)
     d = layout.head_dim
     pairs = []
-    for layer, kv in enumerate(kv_caches):
+    todo = range(layout.num_layers) if layers is None else layers
+    if todo and (todo.start < 0 or todo.stop > layout.num_layers or todo.step != 1):
+        raise LayoutError(f"layers {todo} are not within the {layout.num_layers}-layer layout")
+    for layer in todo:
+        kv = kv_caches[layer]
         if paged == "bhnc":  # [H, B, K|V] <-> [2, B, H, D] per layer
             slot = kv[block_id]
             pairs.append((view[layer, 0].transpose(0, 1), slot[..., :d]))

@@ -1,19 +1,26 @@
-"""End-to-end chunk integrity that does not depend on the fabric: a keyed MAC per chunk.
+"""End-to-end chunk integrity that does not depend on the fabric: keyed MACs per chunk segment.
 
 The fragment CRC catches corruption, not forgery: anyone can compute it. A tenant that wants
 more gives its producers and agents a secret key; the producer then stores, next to each chunk,
-a BLAKE2b MAC of the chunk under that key (as a 32-byte object of its own, under a key derived
-from the chunk's), and the agent fetches it after the chunk's last fragment and compares before
-it hands the tensor over. A switch, a pool node or a host that rewrites a chunk's bytes, even
-with a correct CRC, makes the fetch end in RECOMPUTE (``MAC_MISMATCH``), and a chunk whose MAC
+its MAC object under a key derived from the chunk's: one BLAKE2b MAC under that key per
+``SEGMENT_BYTES`` segment of the chunk (the last one may be shorter), each naming the tenant,
+the chunk key, the segment's index and the segment count. The agent compares each segment
+with its MAC before it hands that segment on, so a chunk can be used segment by segment as it
+arrives (the vLLM connector releases a layer once its segments are verified) and no unverified
+byte is ever used. A switch, a pool node or a host that rewrites a chunk's bytes, even with a
+correct CRC, makes the fetch end in RECOMPUTE (``MAC_MISMATCH``), and a chunk whose MAC object
 is missing is not trusted either (``MAC_MISSING``). docs/security.md gives the threat model.
 
 Constants:
-    MAC_BYTES: length of a MAC object.
+    MAC_BYTES: length of one segment's MAC.
+    SEGMENT_BYTES: bytes of chunk one MAC covers (a whole number of fragments).
 
 Functions:
     mac_key_of: the chunk key a chunk's MAC object is stored under.
-    chunk_mac: the MAC of a chunk's bytes.
+    mac_count: how many segments (MACs) a chunk of a given length has.
+    mac_object_bytes: the length of a chunk's MAC object.
+    segment_mac: the MAC of one segment.
+    chunk_mac: a chunk's MAC object (every segment's MAC, in order).
     load_tenant_keys: a ``tenant:hexkey`` file into a mapping.
     check_keys: a checked copy of a tenant-key mapping.
 """
@@ -26,12 +33,25 @@ from collections.abc import Mapping
 from pathlib import Path
 
 MAC_BYTES = 32
+SEGMENT_BYTES = 16 << 10
+"""64 fragments of 256 bytes: a Llama-3-8B layer of a 32-token block (128 KiB) is 8 segments,
+and the MAC object of its 4 MiB chunk 8 KiB (0.2 % more to fetch)."""
 _PERSON_KEY = b"kvcast-mac-key"
-_PERSON_MAC = b"kvcast-mac"
-_NAME = struct.Struct("!HQ")
+_PERSON_MAC = b"kvcast-seg-mac"
+_NAME = struct.Struct("!HQII")
 _KEY = struct.Struct("!Q")
 
-__all__ = ["MAC_BYTES", "check_keys", "chunk_mac", "load_tenant_keys", "mac_key_of"]
+__all__ = [
+    "MAC_BYTES",
+    "SEGMENT_BYTES",
+    "check_keys",
+    "chunk_mac",
+    "load_tenant_keys",
+    "mac_count",
+    "mac_key_of",
+    "mac_object_bytes",
+    "segment_mac",
+]
 
 
 def mac_key_of(key: int) -> int:
@@ -44,11 +64,24 @@ def mac_key_of(key: int) -> int:
     return int.from_bytes(digest, "big")
 
 
-def chunk_mac(secret: bytes, tenant: int, key: int, data: bytes | memoryview) -> bytes:
-    """BLAKE2b-256 of ``{tenant, key} || data`` keyed with the tenant's secret.
+def mac_count(nbytes: int) -> int:
+    """Segments (MACs) of a chunk of ``nbytes`` bytes: at least one."""
+    return max(1, -(-nbytes // SEGMENT_BYTES))
+
+
+def mac_object_bytes(nbytes: int) -> int:
+    """Length of the MAC object of a chunk of ``nbytes`` bytes."""
+    return MAC_BYTES * mac_count(nbytes)
+
+
+def segment_mac(
+    secret: bytes, tenant: int, key: int, index: int, count: int, data: bytes | memoryview
+) -> bytes:
+    """BLAKE2b-256 of ``{tenant, key, index, count} || segment`` keyed with the tenant's secret.
 
     The tenant and key are inside the MAC, so a valid chunk cannot be replayed under another
-    name.
+    name; the index and count, so segments cannot be reordered, dropped or moved between
+    chunks of other lengths.
 
     Raises:
         ValueError: the secret is empty or longer than 64 bytes (BLAKE2b's key limit).
@@ -56,9 +89,28 @@ def chunk_mac(secret: bytes, tenant: int, key: int, data: bytes | memoryview) ->
     if not 0 < len(secret) <= 64:
         raise ValueError(f"a tenant key must be 1..64 bytes, got {len(secret)}")
     h = hashlib.blake2b(key=secret, digest_size=MAC_BYTES, person=_PERSON_MAC)
-    h.update(_NAME.pack(tenant, key))
+    h.update(_NAME.pack(tenant, key, index, count))
     h.update(data)
     return h.digest()
+
+
+def chunk_mac(secret: bytes, tenant: int, key: int, data: bytes | memoryview) -> bytes:
+    """A chunk's MAC object: ``segment_mac`` of each ``SEGMENT_BYTES`` segment, in order.
+
+    Returns:
+        ``mac_object_bytes(len(data))`` bytes.
+
+    Raises:
+        ValueError: the secret is empty or longer than 64 bytes (BLAKE2b's key limit).
+    """
+    view = memoryview(data).cast("B")
+    count = mac_count(len(view))
+    return b"".join(
+        segment_mac(
+            secret, tenant, key, i, count, view[i * SEGMENT_BYTES : (i + 1) * SEGMENT_BYTES]
+        )
+        for i in range(count)
+    )
 
 
 def load_tenant_keys(path: Path) -> dict[int, bytes]:

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = [
     "benchmarks", "controlplane", "fuzz", "poolnode", "refswitch",
-    "hostagent.agent", "hostagent.vllm_events", "benchmarks.loopback",
+    "hostagent.agent", "hostagent.vllm_events", "benchmarks.loopback", "benchmarks.vllm_layers",
     "kvcast.tools.gen_constants", "kvcast.tools.tofino_summary",
     "experiments.faults", "experiments.incast", "experiments.lofo", "experiments.prefill_rate",
     "experiments.prefix_share", "experiments.replication", "experiments.serving",

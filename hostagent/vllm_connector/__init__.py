@@ -32,23 +32,31 @@ Worker side (``role == WORKER``):
 * ``register_kv_caches`` takes vLLM's per-layer views ``[num_blocks, kv_heads, block_size,
   2 x head_dim]`` and derives the chunk layout from them.
 * ``start_load_kv`` hands the step's loads to a loader thread, which fetches the chunks with the
-  host agent's ``FetchClient.fetch_many`` (several in flight at once; switch first, the pool
-  behind it, the pool directly last; every fragment CRC-checked) and copies each into every
-  destination block of every layer. A request may ask for a multicast group fetch
-  (``LoadOptions``: its ``kv_transfer_params``): the leader's GETs name the group and the switch
-  replicates the replies to every member; a follower takes the stream
-  (``FetchClient.follow``) and repairs gaps by unicast.
+  host agent's ``FetchClient.fetch_many`` (the step's chunks in flight at once; switch first,
+  the pool behind it, the pool directly last; every fragment CRC-checked), layer 0 of every
+  chunk first, and copies each chunk's layers into every destination block as its verified
+  prefix grows (a chunk is layer-major: ``hostagent.layout``). A request may ask for a
+  multicast group fetch (``LoadOptions``: its ``kv_transfer_params``): the leader's GETs name
+  the group and the switch replicates the replies to every member; a follower takes the
+  stream (``FetchClient.follow``) and repairs gaps by unicast.
 * KV classes (``kvcast.kvclass``): a request may declare its prompt's class (``"class":
   "static"`` or ``"transient"``) and that its first ``static_tokens`` tokens are static (the
   blocks wholly inside them: a system prompt and tool definitions every branch reuses). The
   declared class of each block goes with its access record and its ``"stored"`` record to the
   controller, and static blocks are put into the pool as static (Mooncake's soft pin).
-* ``wait_for_layer_load`` waits for a synchronous load (one chunk holds every layer, so the first
-  layer waits for all); with ``load_async`` the engine goes on and ``get_finished`` reports the
-  requests whose loads ended.
+* ``wait_for_layer_load(layer_name)`` waits until that layer (its index in
+  ``register_kv_caches``' order) of every chunk of the step is copied from verified bytes or
+  its chunk has failed (``layers.LayerGate``), so the forward runs layer ``l`` while later
+  layers arrive (``pipeline_layers``, on by default). Verified: CRC-checked fragments and, for
+  a tenant with MAC keys, segments that match their MACs (``kvcast.integrity``: one per 16 KiB,
+  the MAC object fetched beside the chunk). With ``load_async``
+  the engine goes on and ``get_finished`` reports the requests whose loads ended.
 * A chunk that does not arrive complete and verified is never reported as loaded: its blocks, and
-  every later block of the same request, are returned by ``get_block_ids_with_load_errors`` and
-  vLLM recomputes from the first of them (``kv_load_failure_policy: recompute``).
+  every later block of the same request, are returned by ``get_block_ids_with_load_errors``
+  (after the forward, which waits for the whole load there) and vLLM recomputes from the first
+  of them (``kv_load_failure_policy: recompute``). The forward may have run layers on such a
+  chunk's first layers: vLLM 0.32's scheduler (``_handle_invalid_blocks``) then skips the
+  step's sampled tokens of every affected request, so none reaches an output.
 * ``wait_for_save`` copies the step's newly full prompt blocks out of the KV cache and publishes
   them through the producer path (``Producer.publish_keyed``: one batched put of the chunks the
   pool lacks, ``"stored"`` records to the controller).
@@ -59,6 +67,7 @@ Modules (split by role, as vLLM's own Mooncake store connector is):
     scheduler: ``KvcastScheduler``, the scheduler side.
     worker: ``KvcastWorker``, the worker side; ``worker_stats`` for an in-process engine.
     data: the connector metadata the scheduler side hands the worker side each step.
+    layers: ``LayerGate``, each layer of a step's load released once every chunk settled it.
     metrics: the worker side's counters and their form for vLLM's connector metrics.
     config: ``ConnectorConfig`` (``kv_connector_extra_config``), ``LoadOptions`` (a request's
         ``kv_transfer_params``), the pool client and report sink they name.

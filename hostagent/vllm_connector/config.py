@@ -90,6 +90,9 @@ class ConnectorConfig:
         host: this engine's name in reports; default: the hostname.
         load_async: load between engine steps (the request waits in vLLM's
             ``WAITING_FOR_REMOTE_KVS``) instead of within the step that needs the KV.
+        pipeline_layers: within a step, release each layer to the forward once that layer
+            of every chunk of the step is in the cache (verified), so fetch and compute
+            overlap; off: the first layer waits for the whole load.
         save: publish newly computed prompt blocks (only when the role produces KV).
         save_async: publish them on a saver thread, off the engine step's critical path (the
             blocks are copied out within the step either way).
@@ -120,6 +123,7 @@ class ConnectorConfig:
     reporter: str | None = None
     host: str = ""
     load_async: bool = False
+    pipeline_layers: bool = True
     save: bool = True
     save_async: bool = True
     fetch: Mapping[str, Any] = field(default_factory=dict)
@@ -158,6 +162,7 @@ class ConnectorConfig:
             reporter=extra.get("reporter"),
             host=str(extra.get("host") or socket.gethostname()),
             load_async=bool(extra.get("load_async", False)),
+            pipeline_layers=bool(extra.get("pipeline_layers", True)),
             save=bool(extra.get("save", True)),
             save_async=bool(extra.get("save_async", True)),
             fetch=dict(extra.get("fetch") or {}),

@@ -50,6 +50,7 @@ def load_job_counts(
     seconds: float,
     chunk_bytes: int,
     cut: int = 0,
+    loaded: int | None = None,
 ) -> dict[str, float]:
     """The counters one load job adds.
 
@@ -59,15 +60,20 @@ def load_job_counts(
         seconds: how long the job ran.
         chunk_bytes: bytes of one chunk.
         cut: chunks not started because the job's load budget was spent.
+        loaded: chunks that went into at least one block not left to recompute; default: every
+            chunk that arrived. The others that arrived (``chunks_discarded``) were in flight
+            when an earlier chunk of their requests failed.
 
     Returns:
         Counter name -> what the job adds to it.
     """
     ok = [r for r in reports if r.ok]
+    used = len(ok) if loaded is None else loaded
     return {
         "load_jobs": 1,
-        "chunks_loaded": len(ok),
-        "bytes_loaded": len(ok) * chunk_bytes,
+        "chunks_loaded": used,
+        "bytes_loaded": used * chunk_bytes,
+        "chunks_discarded": len(ok) - used,
         "chunks_failed": len(reports) - len(ok),
         "blocks_failed": failed_blocks,
         "frags_hit": sum(r.frags_hit for r in reports),

@@ -3,11 +3,12 @@
 It runs in the worker process that holds the KV cache. ``register_kv_caches`` takes vLLM's
 per-layer views ``[num_blocks, kv_heads, block_size, 2 x head_dim]`` and derives the chunk layout
 from them. ``start_load_kv`` hands the step's loads to a loader thread, which fetches the chunks
-with the host agent's ``FetchClient.fetch_many`` (several in flight at once; switch first, the
-pool behind it, the pool directly last; every fragment CRC-checked) and copies each into every
-destination block of every layer; a follower of a multicast group takes the leader's stream
-(``FetchClient.follow``) and repairs gaps by unicast. ``wait_for_layer_load`` waits for a
-synchronous load (one chunk holds every layer, so the first layer waits for all); with
+with the host agent's ``FetchClient.fetch_many`` (the step's chunks in flight at once, layer 0
+of each first; switch first, the pool behind it, the pool directly last; every fragment
+CRC-checked) and copies each chunk's layers into its destination blocks as the fetch engine
+reports its verified prefix growing; a follower of a multicast group takes the leader's stream
+(``FetchClient.follow``) and repairs gaps by unicast. ``wait_for_layer_load(layer)`` waits until
+that layer of every chunk of the step is copied or its chunk failed (``LayerGate``); with
 ``load_async`` ``get_finished`` reports the requests whose loads ended. A chunk that does not
 arrive complete and verified is never reported as loaded: ``get_block_ids_with_load_errors``
 returns its blocks and every later block of the same request. ``wait_for_save`` copies the
@@ -24,6 +25,8 @@ Functions:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 import weakref
@@ -45,9 +48,11 @@ from hostagent.vllm_connector.config import (
     make_reporter,
 )
 from hostagent.vllm_connector.data import ChunkLoad, ChunkSave, KvcastConnectorMetadata
+from hostagent.vllm_connector.layers import LayerGate
 from hostagent.vllm_connector.metrics import KvcastConnectorStats, LoadCounters, load_job_counts
 from kvcast.backend import PoolBackend
-from kvcast.fetch import ChunkRequest, FetchReport
+from kvcast.fetch import MAX_FETCHES, ChunkRequest, FetchReport
+from kvcast.fetch.state import Progress
 from kvcast.reports import ReportSink
 
 __all__ = ["KvcastWorker", "worker_sides", "worker_stats"]
@@ -57,12 +62,17 @@ _LOG = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _LoadJob:
-    """One step's loads in the loader thread: its requests and every engine block it writes."""
+    """One step's loads in the loader thread: requests, engine blocks written, layer gate."""
 
     req_ids: set[str]
     asynchronous: bool
     blocks: set[int]
+    gate: LayerGate
     future: Future[set[int]] | None = None
+    forward_wait_s: float = 0.0
+    """How long the forward waited for this job's layers (``wait_for_layer_load``, summed)."""
+    load_s: float = 0.0
+    """How long the loader took for the whole job (set when it ends)."""
 
 
 class KvcastWorker:
@@ -92,6 +102,7 @@ class KvcastWorker:
         self._client: FetchClient | None = None
         self._layout: KVLayout | None = None
         self._caches: list[torch.Tensor] = []
+        self._layer_index: dict[str, int] = {}
         self._bufs: list[torch.Tensor] = []
         self._paged: PagedLayout = "bhnc"
         self._producers: dict[int, Producer] = {}
@@ -99,10 +110,15 @@ class KvcastWorker:
         self._saver: ThreadPoolExecutor | None = None
         self._pending_saves: list[Future[None]] = []
         self._sync_job: _LoadJob | None = None
+        self._stream: torch.cuda.Stream | None = None
         self._async_jobs: list[_LoadJob] = []
         self._load_errors: set[int] = set()
         self.last_reports: list[FetchReport] = []
         """The fetch reports of the last finished load job (for logs and tests)."""
+        self.last_step: dict[str, float] = {}
+        """The last synchronous load job's times: ``load_s`` (the loader's whole job),
+        ``forward_wait_s`` (the forward's waits for its layers, summed) and ``end_wait_s``
+        (the wait for the rest of the job after the forward)."""
         self.counters = LoadCounters()
         self.saved: list[tuple[int, int]] = []
         """``(tenant, key)`` of every block ``wait_for_save`` handed the pool, in order."""
@@ -160,6 +176,7 @@ class KvcastWorker:
             if kv.shape != first.shape or kv.dtype != first.dtype:
                 raise ConnectorConfigError(f"layer {name}: {kv.dtype} {tuple(kv.shape)} differs")
         self._caches = caches
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
         self._layout = KVLayout(len(caches), heads, content // 2, first.dtype, block)
         self._bufs = []  # chunk buffers of the previous layout, if any
 
@@ -198,14 +215,15 @@ class KvcastWorker:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="kvcast-load")
         blocks = {b for load in meta.loads for _, b in load.targets}
-        job = _LoadJob(set(meta.load_reqs), self.config.load_async, blocks)
-        job.future = self._executor.submit(self._load, list(meta.loads))
+        gate = LayerGate(len(meta.loads), self.layout.num_layers)
+        job = _LoadJob(set(meta.load_reqs), self.config.load_async, blocks, gate)
+        job.future = self._executor.submit(self._load, list(meta.loads), job)
         if job.asynchronous:
             self._async_jobs.append(job)
         else:
             self._sync_job = job
 
-    def _load(self, loads: Sequence[ChunkLoad]) -> set[int]:
+    def _load(self, loads: Sequence[ChunkLoad], job: _LoadJob) -> set[int]:
         """Fetches every chunk once and copies it into its blocks; returns the failed blocks.
 
         The loads of one kind (no group; leading group ``g``; following group ``g``) go
@@ -222,10 +240,23 @@ class KvcastWorker:
         considered again with what failed, so a chunk only failed requests need is not
         fetched (chunks already in flight with the failed one end, and their bytes go only to
         the requests that did not fail).
+
+        Layers: with ``pipeline_layers`` each chunk's layers are copied as the fetch engine
+        reports its verified prefix growing (``_copy_layers``), else once the chunk is whole;
+        the job's gate (chunk ``i`` is ``loads[i]``) learns what each chunk has settled and is
+        closed when the job ends, however it ends.
         """
-        kinds: dict[tuple[int, bool], list[ChunkLoad]] = {}
-        for load in loads:
-            kinds.setdefault((load.group, load.follower), []).append(load)
+        try:
+            return self._load_kinds(loads, job)
+        finally:
+            job.gate.close()
+
+    def _load_kinds(self, loads: Sequence[ChunkLoad], job: _LoadJob) -> set[int]:
+        """``_load`` within its gate."""
+        gate = job.gate
+        kinds: dict[tuple[int, bool], list[tuple[int, ChunkLoad]]] = {}
+        for at, load in enumerate(loads):
+            kinds.setdefault((load.group, load.follower), []).append((at, load))
         failed_reqs: set[str] = set()
         failed: set[int] = set()
         reports: list[FetchReport] = []
@@ -240,17 +271,21 @@ class KvcastWorker:
         )
         cut = 0
         for (group, follower), part in kinds.items():
-            cut += self._load_part(part, group, follower, failed_reqs, failed, reports, deadline)
+            cut += self._load_part(
+                part, gate, group, follower, failed_reqs, failed, reports, deadline
+            )
         self.last_reports = reports
-        seconds = time.monotonic() - t0
+        seconds = job.load_s = time.monotonic() - t0
+        loaded = sum(any(b not in failed for _, b in load.targets) for load in loads)
         self.counters.add(
-            load_job_counts(reports, len(failed), seconds, self.layout.chunk_bytes, cut)
+            load_job_counts(reports, len(failed), seconds, self.layout.chunk_bytes, cut, loaded)
         )
         return failed
 
     def _load_part(
         self,
-        loads: Sequence[ChunkLoad],
+        loads: Sequence[tuple[int, ChunkLoad]],
+        gate: LayerGate,
         group: int,
         follower: bool,
         failed_reqs: set[str],
@@ -260,32 +295,40 @@ class KvcastWorker:
     ) -> int:
         """``_load`` for the loads of one kind; adds to ``failed_reqs``, ``failed``, ``reports``.
 
-        Past ``deadline`` (the load budget) no chunk is started and each one in flight is cut
-        short: their blocks are recomputed.
+        ``loads`` pairs each load with its chunk's index in ``gate``; every chunk is settled
+        in the gate by the time this returns (copied whole, or failed). Past ``deadline`` (the
+        load budget) no chunk is started and each one in flight is cut short: their blocks are
+        recomputed.
 
         Returns:
             The chunks not started because the budget was spent.
         """
         layout = self.layout
         client = self.fetch_client()
-        bufs = self._load_buffers(client.max_chunks_in_flight)
+        in_flight = client.max_chunks_in_flight
+        if self.config.pipeline_layers and "max_chunks_in_flight" not in self.config.fetch:
+            # Every chunk of the step at once (each a buffer), layer 0 of each first.
+            in_flight = max(in_flight, min(len(loads), MAX_FETCHES))
+        bufs = self._load_buffers(in_flight)
         base_deadline_s = client.deadline_s
         at = 0
         while at < len(loads):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 # Recomputing what is left is now cheaper than waiting for it.
-                for load in loads[at:]:
+                for chunk, load in loads[at:]:
                     failed_reqs.update(r for r, _ in load.targets)
                     failed.update(b for _, b in load.targets)
+                    gate.settle(chunk, layout.num_layers)
                 return len(loads) - at
-            batch: list[tuple[int, ChunkLoad]] = []  # (index in loads, load)
+            batch: list[tuple[int, int, ChunkLoad]] = []  # (index in loads, in gate, load)
             while at < len(loads) and len(batch) < len(bufs):
-                load = loads[at]
+                chunk, load = loads[at]
                 if any(r not in failed_reqs for r, _ in load.targets):
-                    batch.append((at, load))
+                    batch.append((at, chunk, load))
                 else:
                     failed.update(b for _, b in load.targets)
+                    gate.settle(chunk, layout.num_layers)
                 at += 1
             if not batch:
                 break
@@ -299,13 +342,19 @@ class KvcastWorker:
                     load.position,
                     load.kv_class,
                 )
-                for (_, load), buf in zip(batch, bufs, strict=False)
+                for (_, _, load), buf in zip(batch, bufs, strict=False)
             ]
+
+            progress = (
+                functools.partial(self._copy_prefix, gate, batch, bufs, failed_reqs)
+                if self.config.pipeline_layers
+                else None
+            )
             got: list[FetchReport | None]
             if left is not None:
                 client.deadline_s = min(base_deadline_s, left)
             try:
-                got = list(self._fetch(client, requests, group, follower))
+                got = list(self._fetch(client, requests, group, follower, progress))
             except Exception:  # a load must end in blocks loaded or blocks to recompute
                 _LOG.exception("kvcast: fetch of chunks %s raised", [hex(r.key) for r in requests])
                 got = [None] * len(batch)
@@ -313,41 +362,109 @@ class KvcastWorker:
                 client.deadline_s = base_deadline_s
             if len(got) < len(batch):  # stopped after a failure: the rest is considered again
                 at = batch[len(got)][0]
-            chunks: list[torch.Tensor] = []
-            targets: list[tuple[int, int]] = []  # (index in chunks, block id)
-            for (_, load), buf, report in zip(batch, bufs, got, strict=False):
+            for (_, chunk, load), buf, report in zip(batch, bufs, got, strict=False):
                 live = [(r, b) for r, b in load.targets if r not in failed_reqs]
                 failed.update(b for r, b in load.targets if r in failed_reqs)
                 if report is not None:
                     reports.append(report)
                 if report is None or not report.ok:
+                    # Layers of it already copied stay in blocks that are now reported failed.
                     failed_reqs.update(r for r, _ in live)
                     failed.update(b for _, b in live)
+                    gate.settle(chunk, layout.num_layers)
                     continue
-                chunks.append(buf)
-                targets.extend((len(chunks) - 1, block_id) for _, block_id in live)
-            # One batched copy per layer for the batch's verified chunks (a copy per block and
-            # layer costs more than the bytes on a GPU: docs/results.md).
-            scatter_many_to_paged(layout, chunks, self._caches, targets, self._paged)
+                self._copy_layers(gate, chunk, load, buf, layout.chunk_bytes, failed_reqs)
         return 0
 
+    def _copy_prefix(
+        self,
+        gate: LayerGate,
+        batch: Sequence[tuple[int, int, ChunkLoad]],
+        bufs: Sequence[torch.Tensor],
+        failed_reqs: set[str],
+        j: int,
+        nbytes: int,
+    ) -> None:
+        """The fetch engine's progress for chunk ``j`` of ``batch`` (``_copy_layers``)."""
+        _, chunk, load = batch[j]
+        self._copy_layers(gate, chunk, load, bufs[j], nbytes, failed_reqs)
+
+    def _copy_layers(
+        self,
+        gate: LayerGate,
+        chunk: int,
+        load: ChunkLoad,
+        buf: torch.Tensor,
+        nbytes: int,
+        failed_reqs: set[str],
+    ) -> None:
+        """Copies the whole layers in ``buf[:nbytes]`` not copied yet into the load's blocks.
+
+        ``buf[:nbytes]`` is verified (the fetch engine's progress, or a complete chunk), so
+        its whole layers go into every block of a request that has not failed, and the gate
+        learns them settled. On CUDA the copies run on a side stream, synchronized before the
+        gate hears of them, so a released layer is in the cache when its forward reads it.
+        """
+        layout = self.layout
+        done = gate.settled(chunk)
+        upto = layout.layers_in(nbytes)
+        if upto <= done:
+            return
+        layers = range(done, upto)
+        stream = self._copy_stream()
+        targets = [(0, block_id) for req, block_id in load.targets if req not in failed_reqs]
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # One staging copy of the layers, then one indexed copy per layer into every block
+            # (a copy per block and layer costs more than the bytes on a GPU: docs/results.md).
+            scatter_many_to_paged(
+                layout, [buf], self._caches, targets, self._paged,
+                layers=layers, non_blocking=stream is not None,
+            )  # fmt: skip
+        if stream is not None:
+            stream.synchronize()
+        gate.settle(chunk, upto)
+
+    def _copy_stream(self) -> torch.cuda.Stream | None:
+        """The loader's CUDA stream for copies into a cache on the GPU (None: a CPU cache)."""
+        if not self._caches or not self._caches[0].is_cuda:
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self._caches[0].device)  # type: ignore[no-untyped-call]
+        return self._stream
+
     def _fetch(
-        self, client: FetchClient, requests: Sequence[ChunkRequest], group: int, follower: bool
+        self,
+        client: FetchClient,
+        requests: Sequence[ChunkRequest],
+        group: int,
+        follower: bool,
+        progress: Progress | None = None,
     ) -> list[FetchReport]:
         """One batch of chunks: unicast, leading group ``group`` or following it.
+
+        ``progress`` is ``fetch_many``'s (a follower reports each chunk once, whole, when it
+        ends complete).
 
         Returns:
             One report per chunk started, in order; the batch stops after the first chunk that
             fails (a prefix is of use only up to its first missing block).
         """
+        many = functools.partial(
+            client.fetch_many,
+            requests,
+            max_chunks_in_flight=len(requests),
+            stop_after_failure=True,
+            progress=progress,
+            stripe_bytes=None if progress is None else self.layout.layer_bytes,
+        )
         if group == 0:
-            return client.fetch_many(requests, stop_after_failure=True)
+            return many()
         client.group = group
         try:
             if not follower:
-                return client.fetch_many(requests, stop_after_failure=True)
+                return many()
             out: list[FetchReport] = []
-            for r in requests:
+            for j, r in enumerate(requests):
                 report = client.follow(
                     r.tenant, r.key, r.dst, r.nbytes,
                     stall_s=self.config.follow_stall_s,
@@ -357,6 +474,8 @@ class KvcastWorker:
                 out.append(report)
                 if not report.ok:
                     break
+                if progress is not None:
+                    progress(j, report.nbytes)
             return out
         finally:
             client.group = 0
@@ -380,10 +499,34 @@ class KvcastWorker:
             self._load_errors |= job.blocks
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Waits for the step's synchronous load (a chunk holds every layer: the first waits)."""
-        job, self._sync_job = self._sync_job, None
-        if job is not None:
-            self._finish(job)
+        """Waits until layer ``layer_name`` of the step's synchronous load is in the cache.
+
+        A layer is released once that layer of every chunk of the step is copied from verified
+        bytes or its chunk has failed (``LayerGate``); a failed chunk's blocks are reported by
+        ``get_block_ids_with_load_errors`` after the forward, and vLLM then discards what the
+        step computed for their requests and recomputes them. A name that is not a registered
+        layer (``""``: the step's end) waits for the whole load and ends the job.
+        """
+        job = self._sync_job
+        if job is None:
+            return
+        layer = self._layer_index.get(layer_name)
+        t0 = time.monotonic()
+        if layer is not None:
+            job.gate.wait(layer)
+            job.forward_wait_s += time.monotonic() - t0
+            return
+        self._sync_job = None
+        self._finish(job)
+        end_wait_s = time.monotonic() - t0
+        self.last_step = {
+            "load_s": job.load_s,
+            "forward_wait_s": job.forward_wait_s,
+            "end_wait_s": end_wait_s,
+        }
+        self.counters.add(
+            {"forward_wait_s": job.forward_wait_s, "end_wait_s": end_wait_s, "load_steps": 1}
+        )
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Requests whose asynchronous loads ended (their failed blocks are reported too).

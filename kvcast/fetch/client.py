@@ -27,9 +27,10 @@ ends complete or with a clear ``RECOMPUTE``.
 Trust: datagrams are taken only from the service address and the pool addresses the client was given
 (``pool_addr``, ``pool_addrs``), never from "any sender whose UDP source port is the KVP port"; a
 DATA or NACK counts only for one of this fetch's own GETs, or, as a replica, for this client's
-group. With a tenant key (``mac_keys``), a chunk whose MAC does not match is counted as an attack
-(``mac_failures``), its bytes are dropped, and chunk and MAC are fetched again from the pool
-directly (the pool's own client, else KVP to ``pool_addr``); only a match then completes it.
+group. With a tenant key (``mac_keys``), a chunk whose MAC object (one MAC per segment,
+``kvcast.integrity``) does not match is counted as an attack (``mac_failures``), its bytes are
+dropped, and chunk and MAC object are fetched again from the pool directly (the pool's own
+client, else KVP to ``pool_addr``); only a match then completes it.
 
 Reports: a client given a ``reporter`` (``kvcast.reports.ReportSink``) hands it one access record
 per fetch or follow (``entry_from_fetch``: the chunk, this host, the wall-clock time, ``hit`` when
@@ -73,6 +74,8 @@ from kvcast.fetch.state import (
     _HDR,
     _LOG,
     _MAX_DATA_FRAGS,
+    _MISSING,
+    _REQUESTED,
     _SLOT,
     DEFAULT_CHUNKS_IN_FLIGHT,
     GAP_FRAGMENTS,
@@ -82,13 +85,14 @@ from kvcast.fetch.state import (
     Address,
     Array,
     ChunkRequest,
+    Progress,
     _GiveUp,
     _Path,
     _resolved,
     _State,
 )
 from kvcast.fetch.transport import _Transport
-from kvcast.integrity import MAC_BYTES, check_keys
+from kvcast.integrity import check_keys, mac_key_of, mac_object_bytes
 from kvcast.kvclass import KvClass
 from kvcast.kvp import DEFAULT_MTU, MAX_FRAGMENTS, frag_count, frags_per_data
 from kvcast.native import enabled as native_enabled
@@ -131,7 +135,8 @@ class FetchClient(_Transport):
         reporter: where to hand one access record per fetch (None: no reports).
         report_host: this host's name (or id) in the records; default: the hostname.
         mac_keys: tenant -> secret (kvcast.integrity): a chunk of such a tenant is complete
-            only once its keyed MAC, fetched after the last fragment, matches its bytes.
+            only once its keyed MAC object (fetched after the last fragment, or beside the
+            chunk by ``fetch_many`` with progress) matches its bytes, segment by segment.
         direct: the pool's own client (a ``PoolBackend``: Mooncake's transfer engine in
             deployment) for lone misses: once a pool answers a unicast fetch's GET (so the
             switch does not hold the chunk and no group shares the fetch), the rest of the chunk
@@ -212,7 +217,6 @@ class FetchClient(_Transport):
         self.mac_keys = check_keys(mac_keys or {})
         self.gap_fragments = GAP_FRAGMENTS
         self.direct = direct
-        self._mac_buf: Array = np.zeros(MAC_BYTES, dtype=np.uint8)
         self._sock = self._open_sockets(bind, socket_buffer_bytes)
         # The only senders the unconnected socket takes datagrams from: the paths (the switch's
         # service address, the pool) and the pool nodes the switch may forward misses to. Not
@@ -245,6 +249,8 @@ class FetchClient(_Transport):
         # Replicas of the group's other chunks read while following one (STASH_MAX_BYTES).
         self._stash: dict[tuple[int, int], list[bytes]] = {}
         self._stash_bytes = 0
+        self._progress: Progress | None = None
+        self._stripe = 0  # fetch_many's stripe in fragments (0: the earliest chunk first)
 
     @property
     def data_path(self) -> str:
@@ -394,6 +400,8 @@ class FetchClient(_Transport):
         *,
         max_chunks_in_flight: int | None = None,
         stop_after_failure: bool = False,
+        progress: Progress | None = None,
+        stripe_bytes: int | None = None,
     ) -> list[FetchReport]:
         """Fetches several chunks with their GETs in flight together (a window of chunks).
 
@@ -404,7 +412,9 @@ class FetchClient(_Transport):
         and a multi-chunk fetch keeps the pool (or the switch) busy instead of waiting one round
         trip per chunk. Every DATA names its chunk (tenant, key) and the GET it answers, and is
         checked against that chunk only (range, owner, CRC), so chunks never mix. A chunk's MAC
-        (``mac_keys``) is fetched and compared after the data of every chunk has arrived.
+        object (``mac_keys``) is fetched and compared after the data of every chunk has
+        arrived, or, with ``progress``, fetched beside the chunk and compared segment by
+        segment as the data arrives.
 
         Args:
             requests: the chunks, in the order they are wanted.
@@ -412,6 +422,22 @@ class FetchClient(_Transport):
             stop_after_failure: start no further chunk once one has ended in ``RECOMPUTE``
                 (a prefix is of use only up to its first missing block); chunks already in
                 flight run to their end.
+            progress: called as ``progress(i, nbytes)`` (in this thread, between receives)
+                whenever the verified contiguous prefix of chunk ``i`` (its index in
+                ``requests``) grows to ``nbytes``: ``dst[:nbytes]`` then holds the chunk's
+                bytes, every fragment CRC-checked, and no later datagram changes them. For a
+                tenant with a MAC key the prefix ends, further, after the last segment that
+                matched its MAC (nothing unauthenticated is reported; a chunk whose later
+                segment fails is not repaired once part of it was reported: it ends
+                ``MAC_MISMATCH``); a complete chunk's last call names its full length. A
+                chunk may still end in ``RECOMPUTE`` after a partial prefix of it was reported
+                (its later fragments never came): only the report says it is whole. An
+                exception from ``progress`` ends ``fetch_many``.
+            stripe_bytes: send GETs stripe by stripe over the chunks in flight: the window
+                goes to the fragments of every chunk's first ``stripe_bytes`` bytes, then the
+                next ``stripe_bytes``, and so on (a layer-major KV chunk's layers, with the
+                layer's bytes as the stripe: layer 0 of every chunk arrives first). None: the
+                earliest chunk first, as a prefix is wanted in order.
 
         Returns:
             One report per chunk started, in the order of ``requests`` (all of them unless
@@ -421,7 +447,8 @@ class FetchClient(_Transport):
         Raises:
             FetchError: a request's ``dst`` or ``nbytes`` is unusable (as for ``fetch``),
                 before anything is sent.
-            ValueError: ``max_chunks_in_flight`` is not in ``1 .. 64``.
+            ValueError: ``max_chunks_in_flight`` is not in ``1 .. 64``, or ``stripe_bytes`` is
+                not positive.
         """
         k = self.max_chunks_in_flight if max_chunks_in_flight is None else max_chunks_in_flight
         if not 1 <= k <= MAX_FETCHES:
@@ -429,13 +456,33 @@ class FetchClient(_Transport):
         arrays = [self._as_array(r.dst) for r in requests]
         for arr, r in zip(arrays, requests, strict=True):
             self._check_len(arr, r.nbytes)
+        if stripe_bytes is not None and stripe_bytes < 1:
+            raise ValueError(f"stripe_bytes must be positive, got {stripe_bytes}")
+        self._progress = progress
+        self._stripe = 0 if stripe_bytes is None else frag_count(stripe_bytes)
+        try:
+            return self._fetch_many(requests, arrays, k, stop_after_failure, progress)
+        finally:
+            self._progress = None
+            self._stripe = 0
+
+    def _fetch_many(
+        self,
+        requests: Sequence[ChunkRequest],
+        arrays: list[Array],
+        k: int,
+        stop_after_failure: bool,
+        progress: Progress | None,
+    ) -> list[FetchReport]:
+        """``fetch_many`` once its arguments are checked."""
         states: list[_State] = []
         active: list[_State] = []
         failed = False
         while True:
             while (
                 len(states) < len(requests)
-                and len(active) < k
+                and sum(not a.is_mac for a in active) < k
+                and len(active) + 2 <= MAX_FETCHES
                 and not (failed and stop_after_failure)
             ):
                 r = requests[len(states)]
@@ -444,31 +491,85 @@ class FetchClient(_Transport):
                 st = self._start(r.tenant, r.key, arrays[len(states)], r.nbytes)
                 st.get_group = self.group
                 st.deadline = st.started + self.deadline_s
+                st.index = len(states)
                 states.append(st)
+                if progress is not None and st.tenant in self.mac_keys:
+                    # Its MAC object beside it (first in the window), so that each segment can
+                    # be verified, and handed on, as it arrives.
+                    size = mac_object_bytes(st.nbytes)
+                    mac = self._start(st.tenant, mac_key_of(st.key), np.zeros(size, np.uint8), size)
+                    mac.deadline, mac.is_mac = st.deadline, True
+                    st.mac_of = mac
+                    active.append(mac)
                 active.append(st)
             if not active:
                 break
             self._run_many(active)
+            if progress is not None:
+                self._advance(active)
             now = time.monotonic()
             for st in [s for s in active if s.give_up is not None or not s.missing]:
                 st.ended = now
                 active.remove(st)
-                failed |= st.give_up is not None
+                failed |= st.give_up is not None and not st.is_mac
         reports = []
         for st, r in zip(states, requests, strict=False):
             reason = st.give_up
             mac_s = 0.0
+            if st.mac_of is not None:  # its MAC object's GETs are the chunk's too
+                st.report.gets_sent += st.mac_of.report.gets_sent
             secret = self.mac_keys.get(st.tenant)
             if reason is None and secret is not None:
+                self._take_macs(st)
                 t0 = time.monotonic()
                 try:
                     self._verify_mac(st, secret, t0 + self.deadline_s)
                 except _GiveUp as give_up:
                     reason = give_up.reason
                 mac_s = time.monotonic() - t0
+                if reason is None and progress is not None and st.prefix < st.n:
+                    st.prefix = st.n
+                    progress(st.index, st.nbytes)
             duration = st.ended - st.started + mac_s
             reports.append(self._conclude(st, reason, duration, r.parent, r.position, r.kv_class))
         return reports
+
+    def _advance(self, active: list[_State]) -> None:
+        """Reports the fetches in ``active`` whose verified contiguous prefix grew.
+
+        The prefix ends at the first fragment not present (missing or requested); present
+        fragments never change again. For a tenant with a MAC key it ends, further, after the
+        last segment found equal to its MAC (none before the MAC object has arrived). Fetches
+        that gave up, and those of MAC objects, are skipped.
+        """
+        progress = self._progress
+        assert progress is not None
+        for st in active:
+            if st.give_up is not None or st.is_mac or st.prefix == st.n:
+                continue
+            if st.missing == st.advanced_at and (st.macs is not None or st.mac_of is None):
+                continue  # no fragment arrived since (and no MAC object to take)
+            st.advanced_at = st.missing
+            if not st.missing:
+                end = st.n
+            else:
+                frag, at = st.frag, st.prefix
+                gaps = [i for i in (frag.find(_MISSING, at), frag.find(_REQUESTED, at)) if i >= 0]
+                end = min(gaps) if gaps else st.n
+            secret = self.mac_keys.get(st.tenant)
+            if secret is not None:
+                self._take_macs(st)
+                end = self._verified_segments(st, secret, end)
+            if end > st.prefix:
+                st.prefix = end
+                progress(st.index, min(end * _FB, st.nbytes))
+
+    @staticmethod
+    def _take_macs(st: _State) -> None:
+        """Takes the MAC object fetched beside ``st`` once that fetch has ended complete."""
+        mac = st.mac_of
+        if st.macs is None and mac is not None and mac.give_up is None and not mac.missing:
+            st.macs = mac.dst.tobytes()
 
     def _as_array(self, dst: Any) -> Array:
         """The fetch's destination as a 1-D uint8 array over the same memory.

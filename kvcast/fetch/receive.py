@@ -271,7 +271,14 @@ class _Receiver(_Recovery):
         if new == 0:
             report.duplicates += 1
         else:
-            st.out[lo : lo + plen] = payload
+            if new == last - first:
+                st.out[lo : lo + plen] = payload
+            else:  # fragments already present are never written again (fetch_many's progress)
+                for i in range(first, last):
+                    if frag[i] != _PRESENT:
+                        a = i * _FB
+                        b = min(a + _FB, lo + plen)
+                        st.out[a:b] = payload[a - lo : b - lo]
             if new == 1 and last == first + 1:
                 frag[first] = _PRESENT
             else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hmac
 import math
 
+import numpy as np
+
 from kvcast import p4constants as c
 from kvcast.fetch.report import RecomputeReason
 from kvcast.fetch.state import (
@@ -21,6 +23,7 @@ from kvcast.fetch.state import (
     _MISSING,
     _PRESENT_BYTE,
     _REQUESTED,
+    _SEG_FRAGS,
     FAST_REORDER_GETS,
     FAST_REPAIRS_MAX,
     TAIL_PROBE_SRTTS,
@@ -29,7 +32,15 @@ from kvcast.fetch.state import (
     _GiveUp,
     _State,
 )
-from kvcast.integrity import MAC_BYTES, chunk_mac, mac_key_of
+from kvcast.integrity import (
+    MAC_BYTES,
+    SEGMENT_BYTES,
+    chunk_mac,
+    mac_count,
+    mac_key_of,
+    mac_object_bytes,
+    segment_mac,
+)
 
 
 class _Recovery(_ClientBase):
@@ -42,11 +53,15 @@ class _Recovery(_ClientBase):
         st.path_starts = [0] * (path + 1)
 
     def _verify_mac(self, st: _State, secret: bytes, deadline: float) -> None:
-        """Fetches the chunk's MAC object (unicast, switch then pool) and compares.
+        """Compares the chunk with its MAC object.
 
-        On a mismatch the bytes are forged or rewritten (their CRCs matched): the failure is
-        counted as an attack, and :meth:`_repair_from_pool` fetches chunk and MAC again from
-        the pool directly; the chunk completes only if they then match.
+        The MAC object is fetched unicast, switch then pool, unless ``fetch_many`` fetched it
+        beside the chunk. On a mismatch the bytes are forged or rewritten (their CRCs
+        matched): the failure is counted as an attack, and :meth:`_repair_from_pool` fetches
+        chunk and MAC again from the pool directly; the chunk completes only if they then
+        match. A chunk of which verified segments were already handed on (``fetch_many``'s
+        progress) is not repaired: the repair would write into bytes its caller may be using;
+        it ends ``MAC_MISMATCH``.
 
         Raises:
             _GiveUp: MAC_MISSING when it cannot be fetched, MAC_MISMATCH when it differs and
@@ -63,6 +78,8 @@ class _Recovery(_ClientBase):
             st.tenant,
             extra={"event": "mac_failure", "tenant": st.tenant, "key": st.key},
         )
+        if st.prefix:
+            raise _GiveUp(RecomputeReason.MAC_MISMATCH)
         pool = self._repair_from_pool(st, deadline)
         if pool is None or not self._mac_matches(st, secret, deadline, pool):
             raise _GiveUp(RecomputeReason.MAC_MISMATCH)
@@ -71,21 +88,29 @@ class _Recovery(_ClientBase):
     def _mac_matches(self, st: _State, secret: bytes, deadline: float, pool: int | None) -> bool:
         """Fetches the MAC object (all paths, or only pool path ``pool``) and compares.
 
+        With ``pool`` None a MAC object ``fetch_many`` already fetched (``st.macs``) is used.
+
         Raises:
             _GiveUp: MAC_MISSING when the MAC object cannot be fetched.
         """
         mac_key = mac_key_of(st.key)
-        if pool is not None and pool < 0:  # the pool's own client
+        size = mac_object_bytes(st.nbytes)
+        if pool is None and st.macs is not None:
+            got_macs = st.macs
+        elif pool is not None and pool < 0:  # the pool's own client
             assert self.direct is not None
+            buf = np.zeros(size, dtype=np.uint8)
             try:
-                got = self.direct.get_into(st.tenant, mac_key, self._mac_buf.data)
+                got = self.direct.get_into(st.tenant, mac_key, buf.data)
             except Exception as exc:  # a failed read is a missing MAC, as on KVP
                 _LOG.info("direct read of the MAC of chunk %#x failed: %s", st.key, exc)
                 got = None
-            if got != MAC_BYTES:
+            if got != size:
                 raise _GiveUp(RecomputeReason.MAC_MISSING)
+            got_macs = st.macs = buf.tobytes()
         else:
-            mac = self._start(st.tenant, mac_key, self._mac_buf, MAC_BYTES)
+            buf = np.zeros(size, dtype=np.uint8)
+            mac = self._start(st.tenant, mac_key, buf, size)
             if pool is not None:
                 self._on_path(mac, pool)
             try:
@@ -94,8 +119,35 @@ class _Recovery(_ClientBase):
                 raise _GiveUp(RecomputeReason.MAC_MISSING) from None
             finally:
                 st.report.gets_sent += mac.report.gets_sent
+            got_macs = st.macs = buf.tobytes()
         expected = chunk_mac(secret, st.tenant, st.key, st.out[: st.nbytes])
-        return hmac.compare_digest(expected, self._mac_buf.tobytes())
+        return hmac.compare_digest(expected, got_macs)
+
+    @staticmethod
+    def _verified_segments(st: _State, secret: bytes, frags: int) -> int:
+        """Fragments of ``st``'s first ``frags`` (all present) that its MAC object vouches for.
+
+        Segments are compared with their MACs in order from the first not yet compared, up to
+        the last one wholly within ``frags`` (the chunk's end counts as a segment's end);
+        the first that differs stops it for good (``st.mac_bad``): ``_verify_mac`` decides.
+
+        Returns:
+            A fragment count: every fragment below it is verified.
+        """
+        macs = st.macs
+        if macs is None or st.mac_bad:
+            return min(st.mac_ok * _SEG_FRAGS, st.n)
+        count = mac_count(st.nbytes)
+        top = count if frags >= st.n else frags // _SEG_FRAGS
+        while st.mac_ok < top:
+            i = st.mac_ok
+            data = st.out[i * SEGMENT_BYTES : min((i + 1) * SEGMENT_BYTES, st.nbytes)]
+            mac = segment_mac(secret, st.tenant, st.key, i, count, data)
+            if not hmac.compare_digest(mac, macs[i * MAC_BYTES : (i + 1) * MAC_BYTES]):
+                st.mac_bad = True
+                break
+            st.mac_ok += 1
+        return min(st.mac_ok * _SEG_FRAGS, st.n)
 
     def _repair_from_pool(self, st: _State, deadline: float) -> int | None:
         """Drops a chunk's bytes and fetches them again from the pool directly.
@@ -324,13 +376,19 @@ class _Recovery(_ClientBase):
         st.want_direct = False
         st.direct_done = True  # once per fetch
         assert self.direct is not None
+        # A prefix already reported to fetch_many's progress callback is never written again:
+        # the read then goes to a scratch buffer and only what follows the prefix is copied.
+        done = min(st.prefix * _FB, st.nbytes)
+        into = st.out[: st.nbytes] if not done else memoryview(bytearray(st.nbytes))
         try:
-            n = self.direct.get_into(st.tenant, st.key, st.out[: st.nbytes])
+            n = self.direct.get_into(st.tenant, st.key, into)
         except Exception as exc:  # any failure of the other path leaves the KVP fetch running
             _LOG.info("direct read of chunk %#x failed, KVP goes on: %s", st.key, exc)
             n = None
         if n != st.nbytes:
             return
+        if done:
+            st.out[done : st.nbytes] = into[done:]
         st.report.path = "direct"
         st.report.direct_bytes = n
         st.frag[:] = _PRESENT_BYTE * st.n

@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ import numpy as np
 from kvcast import p4constants as c
 from kvcast.backend import PoolBackend
 from kvcast.fetch.report import FetchReport, RecomputeReason
+from kvcast.integrity import SEGMENT_BYTES
 from kvcast.kvclass import KvClass
 from kvcast.kvp import frags_per_data
 from kvcast.reports import ReportSink
@@ -125,9 +127,16 @@ _PRESENT_BYTE = bytes([_PRESENT])
 _FAST_CAP = bytes([FAST_REPAIRS_MAX])
 # Offset of frag_idx in the KVP header (kvp_t: 4 x 8 bit, tenant, group, key, req_id, epoch).
 _FRAG_IDX_AT = 24
+# Fragments per MAC segment (kvcast.integrity: a segment is a whole number of fragments).
+_SEG_FRAGS = SEGMENT_BYTES // c.FRAG_BYTES
+if _SEG_FRAGS * c.FRAG_BYTES != SEGMENT_BYTES:
+    raise ImportError("SEGMENT_BYTES is not a whole number of fragments")  # pragma: no cover
 if KVP_STRUCT.unpack(bytes(range(_HDR)))[9] != (_FRAG_IDX_AT << 8) | (_FRAG_IDX_AT + 1):
     raise ImportError("_FRAG_IDX_AT does not match KVP_STRUCT")  # pragma: no cover
 
+
+Progress = Callable[[int, int], None]
+"""``fetch_many``'s progress callback: ``(index of the chunk in the requests, bytes)``."""
 
 _Get = tuple[int, int, float, float]
 """A GET in flight: (first fragment, fragments asked, deadline, time sent). A tuple: one is
@@ -247,6 +256,22 @@ class _State:
     """When ``fetch_many`` saw the fetch end (its last fragment arrived, or it gave up)."""
     give_up: RecomputeReason | None = None
     """Why ``fetch_many`` gave this fetch up (None: it has not)."""
+    index: int = 0
+    """The fetch's place in ``fetch_many``'s requests (what its progress callback names)."""
+    prefix: int = 0
+    """Fragments of the verified contiguous prefix already reported to the progress callback."""
+    macs: bytes | None = None
+    """The chunk's MAC object, once fetched (a tenant with a MAC key)."""
+    mac_of: _State | None = None
+    """The fetch of this chunk's MAC object that ``fetch_many`` runs beside it."""
+    is_mac: bool = False
+    """This fetch is of another chunk's MAC object (``fetch_many``)."""
+    mac_ok: int = 0
+    """Segments compared with their MACs and found equal, from the first on."""
+    mac_bad: bool = False
+    """A segment differed from its MAC: nothing past it is handed on."""
+    advanced_at: int = -1
+    """``missing`` when the progress callback last looked (unchanged: nothing new to report)."""
 
     def __post_init__(self) -> None:
         self.out = memoryview(self.dst.data).cast("B")
@@ -292,7 +317,6 @@ class _ClientBase:
     gap_fragments: int
     direct: PoolBackend | None
     _data_frags: int
-    _mac_buf: Array
     _sock: socket.socket
     _socks: dict[int, socket.socket]
     _poll: select.poll
@@ -311,8 +335,11 @@ class _ClientBase:
     _next_req: int
     _stash: dict[tuple[int, int], list[bytes]]
     _stash_bytes: int
+    _progress: Progress | None
+    _stripe: int
 
     if TYPE_CHECKING:  # defined by the parts and the client; declared for the others
 
         def _start(self, tenant: int, key: int, dst: Array, nbytes: int | None) -> _State: ...
         def _run(self, st: _State, deadline: float) -> None: ...
+        def _advance(self, active: list[_State]) -> None: ...

@@ -210,6 +210,8 @@ class _Transport(_Receiver):
                 except _GiveUp as give_up:
                     st.give_up = give_up.reason
             room = self.window - sum(len(st.inflight) for st in active)
+            if self._stripe and room > 0:
+                room = self._send_striped(active, now, room)
             wake = math.inf
             for st in active:
                 if st.give_up is None and st.missing and room > 0:
@@ -250,8 +252,37 @@ class _Transport(_Receiver):
                     receive_any(active, nrecv)
                     if any(st.give_up is not None or not st.missing for st in active):
                         break
+            if self._progress is not None:
+                self._advance(active)
             if any(st.give_up is not None or not st.missing for st in active):
                 return
+
+    def _send_striped(self, active: list[_State], now: float, room: int) -> int:
+        """Sends GETs stripe by stripe over every fetch in ``active`` (``fetch_many``'s stripes).
+
+        Stripe ``s`` is fragments ``[s, s + 1) x stripe`` of each chunk: the window goes to the
+        lowest stripe any chunk still misses, in every chunk, before the next one, so the
+        chunks' first stripes (a KV chunk's first layers) arrive together.
+
+        Returns:
+            The GETs the window still has room for.
+        """
+        stripe = self._stripe
+        live = [st for st in active if st.give_up is None and st.missing]
+        firsts = [i for i in (st.frag.find(_MISSING) for st in live) if i >= 0]
+        if not firsts:  # everything missing is asked for already
+            return room
+        limit = (min(firsts) // stripe + 1) * stripe
+        top = max(st.n for st in live)
+        while room > 0 and limit - stripe < top:
+            for st in live:
+                if room <= 0:
+                    break
+                before = len(st.inflight)
+                self._send(st, now, limit=limit, window=before + room)
+                room -= len(st.inflight) - before
+            limit += stripe
+        return room
 
     def _send(
         self, st: _State, now: float, limit: int | None = None, window: int | None = None

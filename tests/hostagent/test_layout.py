@@ -142,6 +142,40 @@ def test_bhnc_scatter_puts_keys_then_values_of_each_head_and_token_side_by_side(
     assert caches[0][2].abs().sum() == 0 and caches[1][4].abs().sum() == 0
 
 
+def test_layer_l_is_the_l_th_range_of_layer_bytes_so_a_prefix_holds_whole_layers() -> None:
+    layout = KVLayout(3, 2, 4, torch.float32, block_size=2)
+    assert layout.layer_bytes * 3 == layout.chunk_bytes
+    chunk = layout.alloc_chunk(pin=False)
+    kv = layout.view(chunk)
+    kv.copy_(torch.arange(kv.numel(), dtype=torch.float32).view(layout.shape))
+    second = chunk[layout.layer_bytes : 2 * layout.layer_bytes]
+    assert torch.equal(second.view(torch.float32), kv[1].reshape(-1))
+    assert [layout.layers_in(n) for n in (0, layout.layer_bytes - 1, 2 * layout.layer_bytes)] == [
+        0,
+        0,
+        2,
+    ]
+    assert layout.layers_in(layout.chunk_bytes) == 3
+    with pytest.raises(LayoutError, match="prefix"):
+        layout.layers_in(layout.chunk_bytes + 1)
+
+
+@pytest.mark.parametrize("paged", ["flash_attn", "flashinfer", "bhnc"])
+def test_scatter_of_some_layers_writes_those_layers_only(paged: str) -> None:
+    layout = KVLayout(3, 2, 4, torch.float32, block_size=2)
+    shape = {"flash_attn": (2, 4, 2, 2, 4), "flashinfer": (4, 2, 2, 2, 4), "bhnc": (4, 2, 2, 8)}
+    caches = [torch.zeros(shape[paged]) for _ in range(3)]
+    full = [torch.zeros(shape[paged]) for _ in range(3)]
+    src = layout.alloc_chunk(pin=False)
+    layout.view(src).copy_(torch.randn(layout.shape))
+    scatter_to_paged(layout, src, full, 1, paged)  # type: ignore[arg-type]
+    scatter_to_paged(layout, src, caches, 1, paged, layers=range(1, 2))  # type: ignore[arg-type]
+    assert torch.equal(caches[1], full[1])
+    assert caches[0].abs().sum() == 0 and caches[2].abs().sum() == 0
+    with pytest.raises(LayoutError, match="layers"):
+        scatter_to_paged(layout, src, caches, 1, paged, layers=range(2, 4))  # type: ignore[arg-type]
+
+
 def test_scatter_refuses_caches_of_another_shape() -> None:
     layout = KVLayout(2, 1, 2, torch.float32, block_size=2)
     caches = [torch.zeros((2, 3, 4, 1, 2)) for _ in range(2)]
@@ -240,6 +274,13 @@ def test_a_batched_scatter_fills_every_block_as_one_scatter_per_block_does(paged
     scatter_many_to_paged(layout, chunks, some, targets, paged, layers=[0, 2])  # type: ignore[arg-type]
     assert same(some[0], one_by_one[0]) and same(some[2], one_by_one[2])
     assert not some[1].view(torch.int16).any()
+    # The later layers alone (what arrived after the first), staged from their byte range only.
+    later = caches()
+    scatter_many_to_paged(layout, chunks, later, targets, paged, layers=range(1, 3))  # type: ignore[arg-type]
+    assert not later[0].view(torch.int16).any()
+    assert same(later[1], one_by_one[1]) and same(later[2], one_by_one[2])
+    with pytest.raises(LayoutError, match="outside"):
+        scatter_many_to_paged(layout, chunks, later, targets, paged, layers=range(2, 4))  # type: ignore[arg-type]
 
 
 def test_a_batched_scatter_refuses_a_block_named_twice_or_a_missing_chunk() -> None:

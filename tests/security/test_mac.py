@@ -1,4 +1,9 @@
-"""Keyed chunk MACs: the producer stores one next to each chunk, the agent checks it."""
+"""Keyed chunk MACs: the producer stores a MAC object next to each chunk, the agent checks it.
+
+A MAC object is one MAC per ``SEGMENT_BYTES`` segment of the chunk (``kvcast.integrity``);
+``tests/kvcast/test_fetch_progress.py`` checks that ``fetch_many`` hands a MAC tenant's chunk
+on segment by segment, never past a segment that does not match.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,16 @@ from hostagent.producer import Producer
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
 from kvcast.fetch import FetchReport, RecomputeReason
-from kvcast.integrity import MAC_BYTES, chunk_mac, load_tenant_keys, mac_key_of
+from kvcast.integrity import (
+    MAC_BYTES,
+    SEGMENT_BYTES,
+    chunk_mac,
+    load_tenant_keys,
+    mac_count,
+    mac_key_of,
+    mac_object_bytes,
+    segment_mac,
+)
 from poolnode.server import PoolServer
 
 # Each test runs on the native data path and on the pure-Python one.
@@ -191,7 +205,24 @@ def test_the_producer_stores_a_mac_next_to_each_chunk(backend: InMemoryBackend) 
         data = backend.get(TENANT, ck.key)
         assert data is not None
         assert backend.get(TENANT, mac_key_of(ck.key)) == chunk_mac(SECRET, TENANT, ck.key, data)
-        assert len(chunk_mac(SECRET, TENANT, ck.key, data)) == MAC_BYTES
+        assert len(chunk_mac(SECRET, TENANT, ck.key, data)) == mac_object_bytes(len(data))
+
+
+def test_a_mac_object_is_one_mac_per_segment_naming_its_place() -> None:
+    data = os.urandom(2 * SEGMENT_BYTES + 100)
+    obj = chunk_mac(SECRET, TENANT, KEY, data)
+    assert mac_count(len(data)) == 3 and len(obj) == 3 * MAC_BYTES
+    segments = [data[i * SEGMENT_BYTES : (i + 1) * SEGMENT_BYTES] for i in range(3)]
+    for i, seg in enumerate(segments):
+        assert obj[i * MAC_BYTES : (i + 1) * MAC_BYTES] == segment_mac(
+            SECRET, TENANT, KEY, i, 3, seg
+        )
+    # The same bytes in another place, in a chunk of another length, or under another name
+    # have other MACs: segments cannot be moved, dropped or replayed.
+    assert segment_mac(SECRET, TENANT, KEY, 1, 3, segments[0]) != obj[:MAC_BYTES]
+    assert chunk_mac(SECRET, TENANT, KEY, data[: 2 * SEGMENT_BYTES])[:MAC_BYTES] != obj[:MAC_BYTES]
+    assert chunk_mac(SECRET, TENANT, KEY + 1, data) != obj
+    assert mac_count(0) == 1 and len(chunk_mac(SECRET, TENANT, KEY, b"")) == MAC_BYTES
 
 
 def test_tenant_key_files_are_parsed_and_checked(tmp_path: Path) -> None:
