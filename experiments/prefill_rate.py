@@ -154,12 +154,16 @@ def measure(
 def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[str, Any]:
     """Times moving ``tokens`` tokens of KV into paged caches on ``device``, two ways.
 
-    ``scatter_to_paged`` per block (two copies per block and layer) and ``scatter_many_to_paged``
-    for the whole batch (one staging copy per chunk, one indexed copy per layer).
+    ``per_block``: ``scatter_to_paged`` per block (two copies per block and layer);
+    ``batched``: ``scatter_many_to_paged`` for the whole batch (one staging copy per chunk, one
+    indexed copy per layer); ``gated_chunk`` and ``gated_layer``: what the connector's per-layer
+    gate does, ``scatter_many_to_paged`` per chunk, for the whole chunk or one layer at a time,
+    synchronized after each call.
 
     Returns:
-        ``{"shape", "tokens", "blocks", "bytes", "s", "gbps", "batched_s", "batched_gbps",
-        "equal"}`` (medians of ``repeats``; ``equal``: both left the same bytes).
+        ``{"shape", "tokens", "blocks", "bytes", "<way>_s", "<way>_gbps" for each way, "s" and
+        "gbps" (per block), "equal"}`` (medians of ``repeats``; ``equal``: every way left the
+        same bytes).
     """
     import torch
 
@@ -194,19 +198,39 @@ def measure_scatter(shape: str, tokens: int, device: str, repeats: int) -> dict[
     def run_batched() -> None:
         scatter_many_to_paged(layout, batch, batched, targets, "bhnc", non_blocking=pin)
 
-    _timed(run, device, 1)
-    med = statistics.median(_timed(run, device, repeats))
-    _timed(run_batched, device, 1)
-    med_b = statistics.median(_timed(run_batched, device, repeats))
+    gated = paged()
+    n_layers = cfg["num_hidden_layers"]
+
+    def run_gated(step: int) -> None:
+        # The connector's per-layer gate: each chunk's verified layers, ``step`` at a time, one
+        # call each, synchronized before the gate may release them.
+        for b in range(blocks):
+            for lo in range(0, n_layers, step):
+                scatter_many_to_paged(
+                    layout, [chunks[b % 4]], gated, [(0, b)], "bhnc",
+                    layers=range(lo, min(lo + step, n_layers)), non_blocking=pin,
+                )  # fmt: skip
+                if pin:
+                    torch.cuda.synchronize()
+
     nbytes = blocks * layout.chunk_bytes
-    same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-               for a, b in zip(caches, batched, strict=True))  # fmt: skip
-    out = {"shape": shape, "tokens": tokens, "blocks": blocks, "bytes": nbytes, "s": med,
-           "gbps": nbytes * 8 / med / 1e9, "batched_s": med_b,
-           "batched_gbps": nbytes * 8 / med_b / 1e9, "equal": same}  # fmt: skip
+    out: dict[str, Any] = {"shape": shape, "tokens": tokens, "blocks": blocks, "bytes": nbytes}
+    for name, fn in (("per_block", run), ("batched", run_batched),
+                     ("gated_chunk", lambda: run_gated(n_layers)),
+                     ("gated_layer", lambda: run_gated(1))):  # fmt: skip
+        _timed(fn, device, 1)
+        med = statistics.median(_timed(fn, device, repeats))
+        out[f"{name}_s"], out[f"{name}_gbps"] = med, nbytes * 8 / med / 1e9
+
+    def same(x: list[Any]) -> bool:
+        return all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                   for a, b in zip(caches, x, strict=True))  # fmt: skip
+
+    out["equal"] = same(batched) and same(gated)
+    out["s"], out["gbps"] = out["per_block_s"], out["per_block_gbps"]
     print(f"scatter shape={shape} tokens={tokens} blocks={blocks} mib={nbytes / 2**20:.0f} "
-          f"s={med:.4f} gbps={out['gbps']:.1f} batched_s={med_b:.4f} "
-          f"batched_gbps={out['batched_gbps']:.1f} equal={same}", flush=True)  # fmt: skip
+          + " ".join(f"{k}={v:.4g}" for k, v in out.items() if k.endswith(("_s", "_gbps")))
+          + f" equal={out['equal']}", flush=True)  # fmt: skip
     return out
 
 
