@@ -260,12 +260,19 @@ def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up
 ) -> None:
     # Fragment 0's answer is lost three times, one more than max_retries: each loss is shown by
     # later GETs answered (one fragment per GET, two in flight), so each re-send is a fast one,
-    # and the path, which answers everything else, is not given up.
+    # and the path, which answers everything else, is not given up. The retry timeout's floor is
+    # long, so that a loaded machine's scheduling delay cannot turn a fast re-send into a timeout.
     with (
         FakeServer(Dropping(backend, set(), times={0: 3})) as srv,
         FetchClient(
-            srv.address, None, window=2, frags_per_get=1, tail_probe_min_s=0.2, **LONG_FIRST
-        ) as client,
+            srv.address,
+            None,
+            window=2,
+            frags_per_get=1,
+            tail_probe_min_s=0.2,
+            min_retry_timeout_s=1.0,
+            **LONG_FIRST,
+        ) as client,  # fmt: skip
     ):
         out = dst()
         report = client.fetch(TENANT, KEY, out)
