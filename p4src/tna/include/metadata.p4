@@ -34,12 +34,14 @@ struct local_metadata_t {
     bool         edge_foreign;
     bit<32>      edge_reason;
     // Source binding of a host port (PortRole), whether the GET's tenant and group are listed
-    // for the port, and the XOR of the source address with the bound one.
+    // for the port, the source address the frame claims (the parser's: IPv4 source or ARP
+    // sender) and its XOR with the bound one (bind_host's).
     bool         bound;
     ipv4_addr_t  bound_addr;
     bit<8>       check_tenant;
     bool         tenant_listed;
     bool         group_listed;
+    ipv4_addr_t  claimed_src;
     ipv4_addr_t  src_mismatch;
     bool         from_cpu;
     // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
