@@ -68,7 +68,8 @@ class HotMiss:
     Attributes:
         tenant: the chunk's tenant.
         key: the chunk's key.
-        estimate: its estimated misses in the current window (the threshold, when reported).
+        estimate: its estimated misses in the current window (min of the sketch rows, at or
+            above the threshold).
     """
 
     tenant: int

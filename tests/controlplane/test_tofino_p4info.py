@@ -163,7 +163,7 @@ def test_the_tofino_hot_miss_digest_reaches_the_stats_driver(
 ) -> None:
     rt = _runtime(tmp_path, TOFINO_P4INFO)
     schema = rt.client.schema
-    decoded = fy.P4DigestList.decode(_digest_list(schema, 2, 0x1234_5678_9ABC, 8), schema)
+    decoded = fy.P4DigestList.decode(_digest_list(schema, 2, 0x1234_5678_9ABC, 11), schema)
 
     async def deliver() -> Any:
         stream = rt.stats.hot_misses()
@@ -176,7 +176,7 @@ def test_the_tofino_hot_miss_digest_reaches_the_stats_driver(
         return miss
 
     miss = asyncio.run(deliver())
-    assert (miss.tenant, miss.key, miss.estimate) == (2, 0x1234_5678_9ABC, 8)
+    assert (miss.tenant, miss.key, miss.estimate) == (2, 0x1234_5678_9ABC, 11)
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,6 @@ struct local_metadata_t {
     // threshold minus min(row 0, row 1) and minus row 2, saturating (both 0: report).
     bool         count_miss;
     bit<16>      sketch_threshold;
-    bit<32>      hot_threshold;  // the threshold, as the digest carries it
     bit<16>      sketch_window;
     bit<32>      report_mark;
     bit<32>      report_tenant;  // the GET's tenant, as the report row's high word keeps it
@@ -91,6 +90,7 @@ struct local_metadata_t {
     bit<16>      sketch_min01;
     bit<16>      sketch_short01;
     bit<16>      sketch_short2;
+    bit<16>      sketch_estimate;  // min of the three rows, as the digest carries it
 }
 
 // Egress parses the packet again; it needs the KVP header only (replica rewrite). Tofino-1's

@@ -179,8 +179,7 @@ control KvcastIngressDeparser(packet_out packet, inout headers_t hdr, in local_m
                 hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr });
         }
         if (ig_dprsr_md.digest_type == HOT_MISS_DIGEST_TYPE) {
-            // The estimate equals the threshold when the digest fires (see HotMissSketch).
-            hot_miss_digest.pack({ hdr.kvp.tenant, hdr.kvp.key, meta.hot_threshold });
+            hot_miss_digest.pack({ hdr.kvp.tenant, hdr.kvp.key, meta.sketch_estimate });
         }
         packet.emit(hdr.bridged);
         packet.emit(hdr.ethernet);
