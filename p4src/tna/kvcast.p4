@@ -193,7 +193,8 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
                 // A host may only ask to skip the cache; every other flag bit is cleared.
                 hdr.kvp.flags = hdr.kvp.flags & KVP_GET_FLAGS_ALLOWED;
                 // A GET from the CPU port has no tenant binding: refused, as on BMv2.
-                if (meta.from_cpu || (meta.bound && meta.check_tenant != 0 && !meta.tenant_listed)) {
+                if (meta.from_cpu
+                        || (meta.bound && meta.check_tenant != 0 && !meta.tenant_listed)) {
                     drop(DROP_BAD_TENANT);
                 } else if (hdr.kvp.group != 0 && meta.port_role != PORT_ROLE_POOL &&
                            !meta.group_listed) {
