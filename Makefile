@@ -41,7 +41,8 @@ $(P4_OUT)/kvcast.p4info.txtpb: $(P4_SRC)
 ## p4-tofino: compile p4src/tna for Tofino-1 with the bf-p4c driver (p4c's Tofino backend and
 ## its assembler, which refuses a program over 12 stages) into build/tofino, and write what it
 ## placed into p4src/build/tofino (summary.json, P4Info, resource logs; docs/tofino.md), and
-## build/tofino/kvcast.conf, the device config a Stratum switch is given (docs/tofino.md).
+## build/tofino/kvcast.conf, the device config a Stratum switch is given (docs/tofino.md). The
+## P4Info holds standard P4Runtime counters, registers and the digest (what the controller reads).
 ## CPU_PORT=320 compiles for a 4-pipe part. Where only p4test and TNA's includes exist: the
 ## front/mid-end check.
 CPU_PORT ?=
@@ -50,7 +51,7 @@ p4-tofino:
 	    rm -rf build/tofino && mkdir -p build/tofino && \
 	    $(P4C_TOFINO) --target tofino --arch tna --verbose 1 -I p4src -o build/tofino \
 	        $(if $(CPU_PORT),-DCPU_PORT_NUM=$(CPU_PORT)) \
-	        --p4runtime-files build/tofino/kvcast.p4info.txtpb \
+	        --p4runtime-files build/tofino/kvcast.p4info.txtpb --p4runtime-force-std-externs \
 	        --bf-rt-schema build/tofino/bf-rt.json p4src/tna/kvcast.p4 && \
 	    { [ -f build/tofino/kvcast.conf ] || { gen=$$(dirname $$(readlink -f $(P4C_TOFINO)))/p4c-gen-conf; \
 	      [ ! -x "$$gen" ] || (cd build/tofino && $$gen --conf-type BF-RT --bfrt-name bf-rt.json \

@@ -13,7 +13,9 @@ here:
   (``pipe.KvcastIngress.cache.cache_table``). The switch gets the compiler's P4Info unchanged
   (Stratum matches its names against ``bf-rt.json``); the client's own schema gets a copy with
   the prefix removed and every id kept, so the drivers' names resolve and the ids on the wire
-  are the compiler's.
+  are the compiler's. A digest is named by its ``Digest`` instance on Tofino
+  (``KvcastIngressDeparser.hot_miss_digest``) and by its struct type on v1model
+  (``hot_miss_digest_t``); the local schema names a Tofino digest by its type too.
 
 ``BfPipelineConfig`` is encoded with a message class built at import time from a descriptor
 (fields and numbers as in Stratum's ``bf.proto``), so no generated code or protoc is needed.
@@ -27,7 +29,8 @@ Functions:
     pack_bf_pipeline_config: the p4_device_config for stratum_bfrt from the compiler's .conf.
     unpack_bf_pipeline_config: the inverse, for tests and inspection.
     device_config_for: the device config bytes a target needs from its configured file.
-    local_p4info: the P4Info the client's schema uses (pipeline prefix removed, ids kept).
+    local_p4info: the P4Info the client's schema uses (pipeline prefix removed, digests named
+        by their type, ids kept).
 """
 
 from __future__ import annotations
@@ -262,8 +265,9 @@ def local_p4info(p4info: p4i.P4Info, target: Target, pipeline: str = "pipe") -> 
     """The P4Info the client's schema uses: names as the drivers write them, ids unchanged.
 
     On Tofino the compiler names entities ``<pipeline>.<control path>``
-    (``pipe.KvcastIngress.cache.cache_table``); the prefix is removed wherever it stands.
-    Other targets get the P4Info back as it is.
+    (``pipe.KvcastIngress.cache.cache_table``); the prefix is removed wherever it stands. A
+    digest takes the name of its struct type (``hot_miss_digest_t``), as p4c's v1model backend
+    names it, where the P4Info gives one. Other targets get the P4Info back as it is.
 
     Args:
         p4info: the compiler's P4Info (what is pushed to the switch).
@@ -281,6 +285,9 @@ def local_p4info(p4info: p4i.P4Info, target: Target, pipeline: str = "pipe") -> 
     prefix = f"{pipeline}."
     out = p4i.P4Info()
     out.CopyFrom(p4info)
+    for digest in out.digests:
+        if digest.type_spec.HasField("struct") and digest.type_spec.struct.name:
+            digest.preamble.name = digest.type_spec.struct.name
     for section in _NAMED:
         seen: dict[str, int] = {}
         for ent in getattr(out, section):

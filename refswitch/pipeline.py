@@ -462,6 +462,9 @@ class Pipeline:
                 meta.done = True
             else:
                 meta.from_cpu = True
+                # PortRole does not run for the CPU port, so no tenant is bound to it: a GET
+                # from the control plane is refused (BAD_TENANT), as on v1model and TNA.
+                meta.tenant_ok = False
             # packet_out.setInvalid(): the deparser no longer emits it.
             del pkt[:PACKET_OUT_LEN]
             eth -= PACKET_OUT_LEN

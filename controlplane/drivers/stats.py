@@ -38,6 +38,9 @@ IG_DROPS = c.COUNTER_INGRESS_STATS_DROP_COUNTER
 EG_DROPS = c.COUNTER_EGRESS_STATS_DROP_COUNTER
 IG_EVENTS = c.COUNTER_INGRESS_STATS_KVP_EVENT_COUNTER
 EG_EVENTS = c.COUNTER_EGRESS_STATS_KVP_EVENT_COUNTER
+# The TNA program's own (docs/tofino.md): a Tofino counter runs once per pass, so the hot-key
+# event of a GET miss is counted here rather than in kvp_event_counter; egress counts no events.
+HOT_DIGESTS = "KvcastIngress.stats.hot_digest_counter"
 
 
 def _names(prefix: str, count_name: str) -> dict[int, str]:
@@ -65,7 +68,8 @@ class HotMiss:
     Attributes:
         tenant: the chunk's tenant.
         key: the chunk's key.
-        estimate: its estimated misses in the current window (the threshold, when reported).
+        estimate: its estimated misses in the current window (min of the sketch rows, at or
+            above the threshold).
     """
 
     tenant: int
@@ -141,18 +145,24 @@ class StatsDriver:
         """
         drops = dict.fromkeys(self._reasons.values(), 0)
         events = dict.fromkeys(self._events.values(), 0)
-        read = [fy.P4CounterEntry(n) for n in (IG_DROPS, EG_DROPS, IG_EVENTS, EG_EVENTS)]
         schema = self._client.schema
+        # Those the program has: the TNA program has no egress event counter and a counter of
+        # its own for hot digests (EV_HOT_DIGEST).
+        present = {ctr.name for ctr in schema.counters}
+        wanted = (IG_DROPS, EG_DROPS, IG_EVENTS, EG_EVENTS, HOT_DIGESTS)
+        read = [fy.P4CounterEntry(n) for n in wanted if n in present]
         drop_names = {schema.counters[n].name for n in (IG_DROPS, EG_DROPS)}
         for ent in await self._client.read(read):
             if ent.index is None:
                 continue
-            if schema.counters[ent.counter_id].name in drop_names:
+            counter = schema.counters[ent.counter_id].name
+            if counter in drop_names:
                 name = self._reasons.get(ent.index)
                 if name is not None:
                     drops[name] += ent.packet_count
             else:
-                name = self._events.get(ent.index)
+                index = c.EV_HOT_DIGEST if counter == HOT_DIGESTS else ent.index
+                name = self._events.get(index)
                 if name is not None:
                     events[name] += ent.packet_count
         return SwitchCounters(drops, events)

@@ -10,11 +10,17 @@ P4Info and the compiler's resource logs there and writes ``summary.json`` from t
 * ``sram_blocks``, ``tcam_blocks``, ``stateful_alus``: totals over the pipe;
 * ``kv_bytes_per_pipe`` and ``frag_bytes``: the fragment store's size, from the Tofino sizes of
   ``p4src/shared/sizes.p4``, after checking that every word register was placed;
-* ``source_sha256``: of the P4 sources compiled (:func:`source_sha256`), which a test
-  recomputes, so a summary older than the sources fails CI.
+* ``defines``: the preprocessor definitions of the compile, as the compiler's manifest
+  records them (``-DCPU_PORT_NUM=320`` for a 4-pipe part), less the compiler's own version
+  macros; ``cpu_port`` is the CPU port the program was compiled for (the define where given,
+  else ``sizes.p4``'s);
+* ``source_sha256``: every input of the compile (:func:`source_sha256`: every file under
+  ``p4src/tna`` and ``p4src/shared``, and the defines), which a test recomputes, so a summary
+  older than the sources, or made with other defines, fails CI.
 
 Functions:
-    source_sha256: the hash of the TNA program's sources.
+    source_sha256: the hash of the TNA program's inputs.
+    compile_defines: the user definitions a build was compiled with.
     summarize: the summary of one build directory.
 """
 
@@ -46,17 +52,34 @@ COPIED = {
 }
 
 
-def source_sha256(repo: Path = REPO) -> str:
-    """SHA-256 over the relative path and bytes of every ``.p4`` file the TNA program includes.
+# The compiler's own macros (its version): not inputs the project chooses.
+_COMPILER_DEFINES = ("__p4c", "__TARGET_")
 
-    Files are taken in sorted path order, each as ``path NUL bytes NUL``.
+
+def source_sha256(repo: Path = REPO, defines: list[str] | tuple[str, ...] = ()) -> str:
+    """SHA-256 over every input of the TNA compile: the files under ``SOURCE_DIRS`` and defines.
+
+    Every file (not only ``.p4``: whatever an ``#include`` may name) is taken in sorted path
+    order as ``path NUL bytes NUL``; then each define (``NAME=VALUE``, sorted) with a NUL.
     """
     digest = hashlib.sha256()
-    files = sorted(p for d in SOURCE_DIRS for p in (repo / d).rglob("*.p4"))
+    files = sorted(p for d in SOURCE_DIRS for p in (repo / d).rglob("*") if p.is_file())
     for path in files:
         digest.update(path.relative_to(repo).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    for define in sorted(defines):
+        digest.update(b"-D" + define.encode() + b"\0")
     return digest.hexdigest()
+
+
+def compile_defines(manifest: dict[str, Any]) -> list[str]:
+    """The ``NAME=VALUE`` definitions of a compile, from its manifest, less the compiler's own."""
+    defines: list[str] = []
+    for program in manifest.get("programs", []):
+        for define in program.get("source_files", {}).get("defines", []):
+            if not str(define).startswith(_COMPILER_DEFINES) and define not in defines:
+                defines.append(str(define))
+    return sorted(defines)
 
 
 def _stage_rows(resources: dict[str, Any]) -> list[dict[str, Any]]:
@@ -90,13 +113,16 @@ def summarize(build: Path, repo: Path = REPO) -> dict[str, Any]:
     stages = _stage_rows(resources)
     used = [s for s in stages if s["tables"]]
     sizes = parse_sizes(repo / "p4src/shared/sizes.p4", repo / "p4src", "__TARGET_TOFINO__")
+    defines = compile_defines(manifest)
+    overrides = dict(d.split("=", 1) for d in defines if "=" in d)
     placed = {u for s in stages for u in s["stateful_alus"]}
     words = {u for u in placed if u.endswith(".frag_word")}
     if len(words) != sizes["FRAG_WORDS"]:
         raise ValueError(f"{len(words)} of {sizes['FRAG_WORDS']} fragment word registers placed")
     return {
         "compiler": f"bf-p4c (p4c Tofino backend) {manifest['compiler_version']}",
-        "source_sha256": source_sha256(repo),
+        "source_sha256": source_sha256(repo, defines),
+        "defines": defines,
         "target": manifest.get("target", "tofino"),
         "stages_available": STAGES,
         "stages_used": 1 + max(int(s["stage"]) for s in used),
@@ -107,7 +133,7 @@ def summarize(build: Path, repo: Path = REPO) -> dict[str, Any]:
         "frag_slots": sizes["NUM_FRAG_SLOTS"],
         "kv_bytes_per_pipe": sizes["FRAG_BYTES"] * sizes["NUM_FRAG_SLOTS"],
         "cache_entries": sizes["CACHE_ENTRIES"],
-        "cpu_port": sizes["CPU_PORT_NUM"],
+        "cpu_port": int(str(overrides.get("CPU_PORT_NUM", sizes["CPU_PORT_NUM"])), 0),
         "pipes_served": PIPES_OF_PART,
         "pipes_how": "each WRITE is multicast to one fan-out port per pipe (WRITE_FANOUT_GROUP) "
         "and stored by every pipe's ingress; any pipe count is served",

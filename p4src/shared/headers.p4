@@ -140,7 +140,7 @@ header packet_in_t {
 struct hot_miss_digest_t {
     tenant_t    tenant;
     chunk_key_t key;
-    bit<32>     estimate;
+    bit<16>     estimate;  // the rows count in 16 bits on both targets
 }
 
 #endif  // _KVCAST_HEADERS_P4_

@@ -7,7 +7,7 @@
  * fragment slots. What differs from BMv2, and why, is in docs/tofino.md.
  *
  * Compile: bf-p4c / p4c-barefoot --target tofino --arch tna -I p4src p4src/tna/kvcast.p4
- * (sizes.p4 sees __TARGET_TOFINO__: 128-byte fragments, 32768 slots).
+ * (sizes.p4 sees __TARGET_TOFINO__: 96-byte fragments of 24 32-bit words, 32768 slots).
  */
 #include <core.p4>
 #include <tna.p4>
@@ -101,11 +101,6 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
         meta.event = event;
     }
 
-    // The source address against the one bound to the port (XOR: nonzero when they differ).
-    action compare_source() {
-        meta.src_mismatch = hdr.ipv4.src_addr ^ meta.bound_addr;
-    }
-
     // Tofino places a table in the stage after the last one that wrote what it reads, so the
     // order below is the dependency order: lookups on parsed fields first, all side by side;
     // the fragment store as soon as the cache lookup has given it a slot; the verdict last, in
@@ -129,9 +124,6 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
             if (hdr.kvp.op == KVP_OP_GET && (hdr.kvp.flags & KVP_FLAG_NOCACHE) == 0) {
                 cache.apply(hdr, meta);
             }
-        }
-        if (hdr.ipv4.isValid()) {
-            compare_source();
         }
 
         // A WRITE is stored where it comes back in from a fan-out port (never from a host:
@@ -200,7 +192,9 @@ control KvcastIngress(inout headers_t hdr, inout local_metadata_t meta,
             } else if (hdr.kvp.op == KVP_OP_GET) {
                 // A host may only ask to skip the cache; every other flag bit is cleared.
                 hdr.kvp.flags = hdr.kvp.flags & KVP_GET_FLAGS_ALLOWED;
-                if (meta.bound && meta.check_tenant != 0 && !meta.tenant_listed) {
+                // A GET from the CPU port has no tenant binding: refused, as on BMv2.
+                if (meta.from_cpu
+                        || (meta.bound && meta.check_tenant != 0 && !meta.tenant_listed)) {
                     drop(DROP_BAD_TENANT);
                 } else if (hdr.kvp.group != 0 && meta.port_role != PORT_ROLE_POOL &&
                            !meta.group_listed) {

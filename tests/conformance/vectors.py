@@ -459,6 +459,14 @@ def build_vectors() -> list[Vector]:
             "write_beyond_slot_array_is_dropped", [Step(CPU, wr_far, [], drop(c.DROP_BAD_FRAGMENT))]
         )
     )
+    # The CPU port has no tenant binding: a GET the control plane sends (PacketOut to the
+    # pipeline) is refused on every target (the TNA program checks it as v1model does).
+    v.append(
+        Vector(
+            "get_from_cpu_port_is_refused_as_bad_tenant",
+            [Step(CPU, get0, [], drop(c.DROP_BAD_TENANT))],
+        )
+    )
     direct = host_frame(1, HOSTS[2][1], b"raw", dport=5000)
     v.append(
         Vector(

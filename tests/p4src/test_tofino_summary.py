@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kvcast.tools.gen_constants import parse_sizes
-from kvcast.tools.tofino_summary import REPO, SOURCE_DIRS, source_sha256
+from kvcast.tools.tofino_summary import REPO, SOURCE_DIRS, source_sha256, summarize
 
 BUILD = REPO / "p4src" / "build" / "tofino"
 MIB = 1 << 20
@@ -31,7 +31,7 @@ def summary() -> dict[str, Any]:
 
 def test_the_summary_was_made_from_todays_sources(summary: dict[str, Any]) -> None:
     uncompiled = BUILD / "uncompiled.json"
-    now = source_sha256()
+    now = source_sha256(REPO, summary["defines"])
     if summary["source_sha256"] == now:
         assert not uncompiled.exists(), "the summary is fresh: remove uncompiled.json"
         return
@@ -50,17 +50,60 @@ def test_the_summary_was_made_from_todays_sources(summary: dict[str, Any]) -> No
     assert uncompiled.name in (REPO / "docs" / "tofino.md").read_text()
 
 
-def test_the_hash_covers_every_source_file(tmp_path: Path) -> None:
+def _copy_sources(tmp_path: Path) -> None:
     for d in SOURCE_DIRS:
-        for path in (REPO / d).rglob("*.p4"):
-            copy = tmp_path / path.relative_to(REPO)
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_bytes(path.read_bytes())
+        for path in (REPO / d).rglob("*"):
+            if path.is_file():
+                copy = tmp_path / path.relative_to(REPO)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes(path.read_bytes())
+
+
+def test_the_hash_covers_every_input_of_the_compile(tmp_path: Path) -> None:
+    _copy_sources(tmp_path)
     base = source_sha256(tmp_path)
     assert base == source_sha256()
     one = next((tmp_path / "p4src/tna").rglob("*.p4"))
     one.write_bytes(one.read_bytes() + b"// changed\n")
-    assert source_sha256(tmp_path) != base
+    changed = source_sha256(tmp_path)
+    assert changed != base
+    # A file an #include may name need not end in .p4.
+    (tmp_path / "p4src/shared/extra.h").write_text("#define X 1\n")
+    with_header = source_sha256(tmp_path)
+    assert with_header != changed
+    # The defines are inputs too: a build for another CPU port is another program.
+    assert source_sha256(tmp_path, ["CPU_PORT_NUM=320"]) != with_header
+
+
+def _fake_build(tmp_path: Path, defines: list[str]) -> Path:
+    """A build directory as bf-p4c leaves it, around the committed resource report."""
+    build = tmp_path / "build"
+    (build / "pipe" / "logs").mkdir(parents=True)
+    (build / "pipe" / "tofino.bin").write_bytes(b"\0")
+    resources = (BUILD / "resources.json").read_bytes()
+    (build / "pipe" / "logs" / "resources.json").write_bytes(resources)
+    manifest = {
+        "compilation_succeeded": True,
+        "compiler_version": "test",
+        "target": "tofino",
+        "programs": [{"source_files": {"defines": ["__TARGET_TOFINO__=1", "__p4c__=1", *defines]}}],
+    }
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    return build
+
+
+def test_the_summary_records_the_defines_and_the_cpu_port_compiled_for(
+    tmp_path: Path, summary: dict[str, Any]
+) -> None:
+    default = summarize(_fake_build(tmp_path / "a", []))
+    assert default["defines"] == []
+    assert default["cpu_port"] == summary["cpu_port"] == 192
+    assert default["source_sha256"] == source_sha256()
+    four_pipes = summarize(_fake_build(tmp_path / "b", ["CPU_PORT_NUM=320"]))
+    assert four_pipes["defines"] == ["CPU_PORT_NUM=320"]
+    assert four_pipes["cpu_port"] == 320
+    # So a summary of a CPU_PORT=320 build does not pass for the committed default build.
+    assert four_pipes["source_sha256"] != default["source_sha256"]
 
 
 def test_the_program_fits_one_tofino_pipe_and_serves_every_pipe(summary: dict[str, Any]) -> None:

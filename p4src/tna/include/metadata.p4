@@ -34,12 +34,14 @@ struct local_metadata_t {
     bool         edge_foreign;
     bit<32>      edge_reason;
     // Source binding of a host port (PortRole), whether the GET's tenant and group are listed
-    // for the port, and the XOR of the source address with the bound one.
+    // for the port, the source address the frame claims (the parser's: IPv4 source or ARP
+    // sender) and its XOR with the bound one (bind_host's).
     bool         bound;
     ipv4_addr_t  bound_addr;
     bit<8>       check_tenant;
     bool         tenant_listed;
     bool         group_listed;
+    ipv4_addr_t  claimed_src;
     ipv4_addr_t  src_mismatch;
     bool         from_cpu;
     // Set when ingress has chosen the egress (a reply, a multicast, a PacketOut) so that the
@@ -79,7 +81,6 @@ struct local_metadata_t {
     // threshold minus min(row 0, row 1) and minus row 2, saturating (both 0: report).
     bool         count_miss;
     bit<16>      sketch_threshold;
-    bit<32>      hot_threshold;  // the threshold, as the digest carries it
     bit<16>      sketch_window;
     bit<32>      report_mark;
     bit<32>      report_tenant;  // the GET's tenant, as the report row's high word keeps it
@@ -89,6 +90,7 @@ struct local_metadata_t {
     bit<16>      sketch_min01;
     bit<16>      sketch_short01;
     bit<16>      sketch_short2;
+    bit<16>      sketch_estimate;  // min of the three rows, as the digest carries it
 }
 
 // Egress parses the packet again; it needs the KVP header only (replica rewrite). Tofino-1's

@@ -47,8 +47,36 @@ parser KvcastIngressParser(packet_in packet, out headers_t hdr, out local_metada
         }
     }
 
+    // ARP for IPv4 over Ethernet, a request or a reply; anything else is malformed (the edge
+    // guard drops it from a host port). The checks are the parser's, so that the guard's
+    // conditions stay small; the sender address is kept for PortRole's comparison.
     state parse_arp {
         packet.extract(hdr.arp);
+        meta.claimed_src = hdr.arp.spa;
+        transition select(hdr.arp.htype, hdr.arp.ptype) {
+            (ARP_HTYPE_ETHERNET, ETHERTYPE_IPV4): parse_arp_op;
+            default: arp_malformed;
+        }
+    }
+
+    state parse_arp_op {
+        transition select(hdr.arp.hlen, hdr.arp.plen, hdr.arp.op) {
+            (ARP_HLEN_ETHERNET, ARP_PLEN_IPV4, ARP_OP_REQUEST): accept;
+            (ARP_HLEN_ETHERNET, ARP_PLEN_IPV4, ARP_OP_REPLY): accept;
+            default: arp_malformed;
+        }
+    }
+
+    state arp_malformed {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_ARP_MALFORMED;
+        transition accept;
+    }
+
+    // MF set or a non-zero offset: the switch cannot check what reassembles.
+    state ipv4_fragment {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_IPV4_FRAGMENT;
         transition accept;
     }
 
@@ -89,9 +117,12 @@ parser KvcastIngressParser(packet_in packet, out headers_t hdr, out local_metada
         // ipv4_checksum_err too). Option-carrying headers fail it (20 bytes are added) and are
         // dropped as malformed by ingress anyway, as on BMv2.
         meta.checksum_error = ipv4_checksum.verify();
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
-            (4w5, 13w0, IP_PROTO_UDP): parse_udp;
-            default: accept;
+        meta.claimed_src = hdr.ipv4.src_addr;
+        transition select(hdr.ipv4.flags[0:0], hdr.ipv4.frag_offset, hdr.ipv4.ihl,
+                          hdr.ipv4.protocol) {
+            (1w0, 13w0, 4w5, IP_PROTO_UDP): parse_udp;
+            (1w0, 13w0, _, _): accept;
+            default: ipv4_fragment;
         }
     }
 
@@ -148,8 +179,7 @@ control KvcastIngressDeparser(packet_out packet, inout headers_t hdr, in local_m
                 hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr });
         }
         if (ig_dprsr_md.digest_type == HOT_MISS_DIGEST_TYPE) {
-            // The estimate equals the threshold when the digest fires (see HotMissSketch).
-            hot_miss_digest.pack({ hdr.kvp.tenant, hdr.kvp.key, meta.hot_threshold });
+            hot_miss_digest.pack({ hdr.kvp.tenant, hdr.kvp.key, meta.sketch_estimate });
         }
         packet.emit(hdr.bridged);
         packet.emit(hdr.ethernet);

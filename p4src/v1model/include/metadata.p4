@@ -22,9 +22,13 @@ struct local_metadata_t {
     bool         edge_foreign;
     bit<32>      edge_reason;
     // Source binding of a host port (PortRole): its address, whether its tenants are checked,
-    // and the verdicts of the tenant and group checks for this packet.
+    // and the verdicts of the tenant and group checks for this packet. The source address the
+    // frame claims (the parser's: IPv4 source or ARP sender) and its XOR with the bound one
+    // (bind_host's), which the edge guard tests.
     bool         bound;
     ipv4_addr_t  bound_addr;
+    ipv4_addr_t  claimed_src;
+    ipv4_addr_t  src_mismatch;
     bool         check_tenant;
     bool         tenant_ok;
     bool         group_ok;

@@ -37,8 +37,36 @@ parser KvcastParser(packet_in packet, out headers_t hdr, inout local_metadata_t 
         }
     }
 
+    // ARP for IPv4 over Ethernet, a request or a reply; anything else is malformed (the edge
+    // guard drops it from a host port). The checks are the parser's, so that the guard's
+    // conditions stay small; the sender address is kept for PortRole's comparison.
     state parse_arp {
         packet.extract(hdr.arp);
+        meta.claimed_src = hdr.arp.spa;
+        transition select(hdr.arp.htype, hdr.arp.ptype) {
+            (ARP_HTYPE_ETHERNET, ETHERTYPE_IPV4): parse_arp_op;
+            default: arp_malformed;
+        }
+    }
+
+    state parse_arp_op {
+        transition select(hdr.arp.hlen, hdr.arp.plen, hdr.arp.op) {
+            (ARP_HLEN_ETHERNET, ARP_PLEN_IPV4, ARP_OP_REQUEST): accept;
+            (ARP_HLEN_ETHERNET, ARP_PLEN_IPV4, ARP_OP_REPLY): accept;
+            default: arp_malformed;
+        }
+    }
+
+    state arp_malformed {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_ARP_MALFORMED;
+        transition accept;
+    }
+
+    // MF set or a non-zero offset: the switch cannot check what reassembles.
+    state ipv4_fragment {
+        meta.edge_foreign = true;
+        meta.edge_reason = DROP_IPV4_FRAGMENT;
         transition accept;
     }
 
@@ -77,9 +105,12 @@ parser KvcastParser(packet_in packet, out headers_t hdr, inout local_metadata_t 
         // Only unfragmented option-less UDP can carry KVP; anything else is plain IP traffic
         // (ingress drops option-carrying headers as malformed because it cannot fix their
         // checksum after a TTL decrement).
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
-            (4w5, 13w0, IP_PROTO_UDP): parse_udp;
-            default: accept;
+        meta.claimed_src = hdr.ipv4.src_addr;
+        transition select(hdr.ipv4.flags[0:0], hdr.ipv4.frag_offset, hdr.ipv4.ihl,
+                          hdr.ipv4.protocol) {
+            (1w0, 13w0, 4w5, IP_PROTO_UDP): parse_udp;
+            (1w0, 13w0, _, _): accept;
+            default: ipv4_fragment;
         }
     }
 

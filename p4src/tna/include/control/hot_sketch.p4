@@ -51,7 +51,6 @@ control SketchRow(in cms_index_t index, in bit<16> window, out bit<16> count) {
 control SketchConfig(inout local_metadata_t meta) {
     action set_sketch_config(bit<16> threshold, bit<16> window) {
         meta.sketch_threshold = threshold;
-        meta.hot_threshold = (bit<32>)threshold;
         meta.sketch_window = window;
         meta.report_mark = 32w0x10000 | (bit<32>)window;
     }
@@ -112,8 +111,11 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta,
         meta.sketch_short2 = meta.sketch_threshold |-| meta.sketch_c2;
     }
 
+    // And the estimate the digest carries, min(row 0, row 1, row 2): at or above the threshold
+    // when reported, above it where other keys pushed the shared cells past it first.
     action short_of_threshold01() {
         meta.sketch_short01 = meta.sketch_threshold |-| meta.sketch_min01;
+        meta.sketch_estimate = min(meta.sketch_min01, meta.sketch_c2);
     }
 
     action report() {

@@ -93,7 +93,7 @@ control HotMissSketch(in headers_t hdr, inout local_metadata_t meta) {
             if (mark != own) {
                 reported.write(ir, own);
                 digest<hot_miss_digest_t>(HOT_MISS_DIGEST_RECEIVER,
-                    { hdr.kvp.tenant, hdr.kvp.key, (bit<32>)estimate });
+                    { hdr.kvp.tenant, hdr.kvp.key, estimate });
                 meta.hot_reported = true;
             }
         }

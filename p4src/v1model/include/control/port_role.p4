@@ -13,12 +13,14 @@ control PortRole(in headers_t hdr, inout local_metadata_t meta, in standard_meta
         meta.port_role = role;
     }
 
-    // A GPU host's port: its source address, and whether its tenants are bound (tenant_binding)
-    // or any tenant is accepted (a single-tenant fabric).
+    // A GPU host's port: its source address (and the claimed one's difference from it: nonzero
+    // when they differ), and whether its tenants are bound (tenant_binding) or any tenant is
+    // accepted (a single-tenant fabric).
     action bind_host(ipv4_addr_t addr, bit<8> check_tenant) {
         meta.port_role = PORT_ROLE_HOST;
         meta.bound = true;
         meta.bound_addr = addr;
+        meta.src_mismatch = meta.claimed_src ^ addr;
         meta.check_tenant = check_tenant != 0;
     }
 
