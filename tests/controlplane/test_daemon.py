@@ -732,3 +732,26 @@ def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(en
             await ctl.stop()
 
     run(main())
+
+
+def test_a_host_of_any_tenant_is_marked_in_the_status_and_the_metrics(env: Env) -> None:
+    async def main() -> None:
+        host = {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}
+        ctl = await started(env.config(hosts=[{**host, "tenants": "any"}]))
+        try:
+            assert ctl.status()["unisolated"] == [{"setting": "tenants_any", "name": "h1"}]
+            marked = "kvcast_controller_unisolated"
+            assert sample(ctl, marked, setting="tenants_any", node="h1") == 1
+            # Its port is bound to its address, with no tenant check.
+            bind, _ = env.sw.state.lookup(c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE, (HOST_PORT,))
+            assert bind.params == {"addr": int(IPv4Address(HOST_IP)), "check_tenant": 0}
+        finally:
+            await ctl.stop()
+        secure = await started(env.config())
+        try:
+            assert secure.status()["unisolated"] == []
+            assert b"kvcast_controller_unisolated{" not in secure.metrics.exposition()
+        finally:
+            await secure.stop()
+
+    run(main())
