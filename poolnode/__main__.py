@@ -22,7 +22,9 @@ Groups and tenants (docs/security.md): a GET naming a multicast group is refused
 was told the group exists: ``--groups-url`` (the controller's list), ``--group G`` (repeatable, a
 fixed list), or ``--any-group`` (every group: the switch's membership check alone; logged as a
 warning). ``--source-tenants ADDR=T[,T...]`` or ``ADDR=any`` (repeatable) makes the node refuse a
-GET that names a tenant its source address is not bound to, or that comes from an unlisted address.
+GET that names a tenant its source address is not bound to, or that comes from an unlisted address;
+``--source-tenants-url`` reads those bindings from the controller (``/v1/sources``) once at start,
+and the node does not start when it cannot.
 
 ``--stats-file PATH`` also writes the counters as JSON to PATH every ``--stats-interval``
 seconds and at exit (atomically: a reader never sees half a file).
@@ -196,6 +198,13 @@ def _parser() -> argparse.ArgumentParser:
         help="tenants a GET from ADDR may name (repeatable); with any, unlisted senders are "
         "refused. Default: no tenant check here (the switch's tenant binding)",
     )
+    p.add_argument(
+        "--source-tenants-url",
+        metavar="URL",
+        help="the controller's http://HOST:PORT/v1/sources: the hosts' bindings, read once at "
+        "start (the node does not start without them); --source-tenants adds to them (e.g. "
+        "the controller's own address=any, for the chunk reads it makes)",
+    )
     p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -297,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 groups = ANY_GROUP
             tenants = SourceTenants.parse(args.source_tenants) if args.source_tenants else None
+            if args.source_tenants_url:
+                served = SourceTenants.fetch(args.source_tenants_url)
+                tenants = served if tenants is None else served.merged(tenants)
             server = PoolServer(
                 backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,
                 gso=args.gso, tenants=tenants,

@@ -697,6 +697,7 @@ def test_a_stored_record_ends_the_wait_for_a_chunk_the_pool_lacked(env: Env) -> 
 # ---------------------------------------------------------------------- security base state
 def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(env: Env) -> None:
     from poolnode.groups import GroupRegistry
+    from poolnode.tenants import SourceTenants
 
     async def main() -> None:
         host = {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}
@@ -728,6 +729,12 @@ def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(en
             assert not await asyncio.to_thread(registry.allows, gid + 1)
             member, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, (gid, HOST_PORT))
             assert member.action == c.ACTION_INGRESS_PORT_ROLE_MEMBER
+
+            # What the switch vouches for, served to pool nodes (--source-tenants-url).
+            url = f"http://{address[0]}:{address[1]}/v1/sources"
+            sources = await asyncio.to_thread(SourceTenants.fetch, url)
+            host_ip = int(IPv4Address(HOST_IP))
+            assert sources.allows(host_ip, TENANT) and not sources.allows(host_ip, TENANT + 1)
         finally:
             await ctl.stop()
 
