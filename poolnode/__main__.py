@@ -6,7 +6,8 @@ With ``--backend mooncake`` the node opens a Mooncake Store client (contributing
 in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[:SEED]``
 (repeatable) stores the synthetic chunk of that name (``kvcast.synthetic``) through the
 backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
-node prints one ``poolnode listening ...`` line once it is ready, serves until SIGINT/SIGTERM,
+node prints one ``poolnode listening ...`` line once it is ready (ending with its checks:
+``groups=controller|list|any|none tenants=controller|list|off``), serves until SIGINT/SIGTERM,
 then prints its counters as ``poolnode stats k=v ...`` and exits 0.
 
 A master the node started (``--start-master``) is supervised (``MooncakeMaster.supervise``;
@@ -253,6 +254,20 @@ def _supervise(
     master.supervise(on_down, on_restart)
 
 
+def _groups_check(args: argparse.Namespace) -> str:
+    """The groups the node echoes, for its listening line: controller, list, any or none."""
+    if args.groups_url:
+        return "controller"
+    return "list" if args.group else "any" if args.any_group else "none"
+
+
+def _tenants_check(args: argparse.Namespace) -> str:
+    """The node's tenant check, for its listening line: controller, list or off."""
+    if args.source_tenants_url:
+        return "controller"
+    return "list" if args.source_tenants else "off"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a pool node until SIGINT or SIGTERM.
 
@@ -309,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.source_tenants_url:
                 served = SourceTenants.fetch(args.source_tenants_url)
                 tenants = served if tenants is None else served.merged(tenants)
+            if tenants is None:
+                logging.getLogger("poolnode").warning(
+                    "no tenant check here: a GET may name any tenant; only the switch's tenant "
+                    "binding keeps a host to its own (--source-tenants-url checks here too)"
+                )
             server = PoolServer(
                 backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,
                 gso=args.gso, tenants=tenants,
@@ -336,8 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = sum(p.nbytes for p in args.preload)
             print(f"poolnode preloaded chunks={len(args.preload)} bytes={total}", flush=True)
         where = f" master={master_addr}" if args.backend == "mooncake" else ""
+        checks = f" groups={_groups_check(args)} tenants={_tenants_check(args)}"
         print(
-            f"poolnode listening host={host} port={port} backend={args.backend}{where}",
+            f"poolnode listening host={host} port={port} backend={args.backend}{where}{checks}",
             flush=True,
         )
         if master is not None:  # after "listening": a reader waiting for that line sees this

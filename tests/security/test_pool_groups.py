@@ -225,3 +225,27 @@ def test_a_node_that_cannot_read_its_bindings_does_not_start() -> None:
     sources.api.stop()  # nothing listens there any more
     argv = ["--backend", "memory", "--port", "0", "--source-tenants-url", dead]
     assert main(argv) == 2
+
+
+def _listening(*args: str) -> tuple[str, str]:
+    """A pool node's ``listening`` line and what it logged before it, then the node killed."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "poolnode", "--backend", "memory", "--host", "127.0.0.1"]
+    with subprocess.Popen(
+        [*argv, "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = next((x for x in proc.stdout if x.startswith("poolnode listening")), "")
+        proc.kill()
+        return line, proc.stderr.read()
+
+
+def test_a_node_says_which_checks_it_makes_and_warns_when_it_checks_no_tenant() -> None:
+    line, log = _listening()
+    assert line.rstrip().endswith("groups=none tenants=off")
+    assert "no tenant check here" in log
+    line, log = _listening("--group", "5", "--source-tenants", "127.0.0.1=any")
+    assert line.rstrip().endswith("groups=list tenants=list")
+    assert "no tenant check here" not in log
