@@ -351,3 +351,20 @@ class DaemonConfig:
     def pools_of(self, switch: str) -> tuple[PoolSpec, ...]:
         """The pool nodes hanging off a switch."""
         return tuple(p for p in self.pools if p.switch == switch)
+
+    def unisolated(self) -> tuple[tuple[str, str], ...]:
+        """The settings of this file that leave a tenant unisolated, as (setting, name) pairs.
+
+        Each is an explicit opt-out that ``controlplane.config`` logs as a warning at load and
+        the daemon shows in its status and in ``kvcast_controller_unisolated``: ``tenants_any``
+        (a host whose port may name any tenant), ``program_forwarding_off`` (a switch that gets
+        no source or tenant binding from this controller) and ``deny_unknown_ports_off`` (a
+        switch whose unconfigured ports are unbound host ports).
+        """
+        out = [("tenants_any", h.name) for h in self.hosts if h.tenants is None]
+        for sw in self.switches:
+            if not sw.program_forwarding:
+                out.append(("program_forwarding_off", sw.name))
+            elif not sw.deny_unknown_ports:
+                out.append(("deny_unknown_ports_off", sw.name))
+        return tuple(out)

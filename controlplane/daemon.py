@@ -141,6 +141,8 @@ class Controller:
         self._report_api: HttpApi | None = None
         self._metrics_api: HttpApi | None = None
         self._status: dict[str, Any] = {"started": False}
+        for setting, name in config.unisolated():
+            self.metrics.unisolated.labels(setting, name).set(1)
         self._started_at = 0.0
         self._tick_lock = asyncio.Lock()
         self._ticks = 0
@@ -514,6 +516,10 @@ class Controller:
             "dry_run": self.config.policy.dry_run,
             "tick_s": self.config.tick_s,
             "tracked_keys": len(self._keys),
+            # Explicit opt-outs of isolation in the configuration (logged at load too).
+            "unisolated": [
+                {"setting": setting, "name": name} for setting, name in self.config.unisolated()
+            ],
             **self.intake.class_status(),
             "push_engines": None
             if self.pusher is None

@@ -11,7 +11,7 @@ Classes:
     RoutedReport: one reported access, with its host's policy id, switch and clamped time.
     Intake: what one tick drained: the records, the routed accesses, the accesses by switch.
     ReportIntake: the report queue, the hosts' routing, the chunks' KV classes and the HTTP
-        routes of ``/v1/groups/<switch>`` and ``/v1/classes``.
+        routes of ``/v1/groups/<switch>``, ``/v1/sources`` and ``/v1/classes``.
     SwitchAccesses: one switch's accesses for its policy each tick.
 """
 
@@ -179,8 +179,26 @@ class ReportIntake:
             return len(self._queue)
 
     def routes(self) -> dict[tuple[str, str], Handler]:
-        """The HTTP routes of ``/v1/groups/<switch>`` and ``/v1/classes``."""
-        return {**self._group_routes(), **self._class_routes()}
+        """The HTTP routes of ``/v1/groups/<switch>``, ``/v1/sources`` and ``/v1/classes``."""
+        return {**self._group_routes(), **self._source_routes(), **self._class_routes()}
+
+    def _source_routes(self) -> dict[tuple[str, str], Handler]:
+        """``GET /v1/sources``: each host's address and the tenants its port is bound to.
+
+        What the switches vouch for (``bind_host``, ``tenant_binding``), for pool nodes: one
+        started with ``--source-tenants-url`` refuses a GET naming a tenant its source address
+        is not bound to (poolnode.tenants). ``"any"`` for a host configured ``tenants: any``.
+        """
+        doc = {
+            "sources": {
+                h.ip: "any" if h.tenants is None else sorted(h.tenants) for h in self._config.hosts
+            }
+        }
+
+        def sources(_body: bytes) -> Response:
+            return Response.json(HTTPStatus.OK, doc)
+
+        return {("GET", "/v1/sources"): sources}
 
     def _group_routes(self) -> dict[tuple[str, str], Handler]:
         """``GET /v1/groups/<switch>``: the multicast groups of each switch, for pool nodes.

@@ -181,6 +181,14 @@ class ControllerMetrics:
         self.static_registrations = counter(
             "static_registrations", "POST /v1/static requests by HTTP status", "code"
         )
+        self.unisolated = gauge(
+            "unisolated",
+            "1 per explicit opt-out of isolation in the configuration (node: the host or switch): "
+            "tenants_any (a host), "
+            "program_forwarding_off or deny_unknown_ports_off (a switch)",
+            "setting",
+            "node",
+        )
         self.ticks = counter("ticks", "Decision ticks run")
         self.tick_seconds = Histogram(
             p + "tick_seconds",

@@ -222,6 +222,7 @@ def _agent_cmd(
     timeouts: tuple[float, float],
     window: int,
     mtu: int,
+    other_pools: Sequence[str] = (),
 ) -> list[str]:
     if mode.group:
         agent_mode = role
@@ -263,6 +264,10 @@ def _agent_cmd(
         "--stall",
         f"{max(0.5, 1.2 * timeouts[1]):.3f}",
     ]
+    # The switch sends a miss to the key's owner, which may be another pool node: the agent
+    # takes datagrams only from the pool nodes it was given.
+    for ip in other_pools:
+        cmd += ["--trust-pool", ip]
     if mode.group:
         cmd += ["--group", str(group), "--via", mode.via]
     return cmd
@@ -449,6 +454,7 @@ def run_point(
             timeouts,
             agent_window(mode, n, window),
             cluster.spec.mtu,
+            [p.ip for p in pools if p is not pools[replica]],
         )
     records = agents.run(lines, timeout + 30)
     _settle_pool_links(cluster)

@@ -6,7 +6,8 @@ With ``--backend mooncake`` the node opens a Mooncake Store client (contributing
 in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[:SEED]``
 (repeatable) stores the synthetic chunk of that name (``kvcast.synthetic``) through the
 backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
-node prints one ``poolnode listening ...`` line once it is ready, serves until SIGINT/SIGTERM,
+node prints one ``poolnode listening ...`` line once it is ready (ending with its checks:
+``groups=controller|list|any|none tenants=controller|list|off``), serves until SIGINT/SIGTERM,
 then prints its counters as ``poolnode stats k=v ...`` and exits 0.
 
 A master the node started (``--start-master``) is supervised (``MooncakeMaster.supervise``;
@@ -22,7 +23,9 @@ Groups and tenants (docs/security.md): a GET naming a multicast group is refused
 was told the group exists: ``--groups-url`` (the controller's list), ``--group G`` (repeatable, a
 fixed list), or ``--any-group`` (every group: the switch's membership check alone; logged as a
 warning). ``--source-tenants ADDR=T[,T...]`` or ``ADDR=any`` (repeatable) makes the node refuse a
-GET that names a tenant its source address is not bound to, or that comes from an unlisted address.
+GET that names a tenant its source address is not bound to, or that comes from an unlisted address;
+``--source-tenants-url`` reads those bindings from the controller (``/v1/sources``) once at start,
+and the node does not start when it cannot.
 
 ``--stats-file PATH`` also writes the counters as JSON to PATH every ``--stats-interval``
 seconds and at exit (atomically: a reader never sees half a file).
@@ -196,6 +199,13 @@ def _parser() -> argparse.ArgumentParser:
         help="tenants a GET from ADDR may name (repeatable); with any, unlisted senders are "
         "refused. Default: no tenant check here (the switch's tenant binding)",
     )
+    p.add_argument(
+        "--source-tenants-url",
+        metavar="URL",
+        help="the controller's http://HOST:PORT/v1/sources: the hosts' bindings, read once at "
+        "start (the node does not start without them); --source-tenants adds to them (e.g. "
+        "the controller's own address=any, for the chunk reads it makes)",
+    )
     p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -242,6 +252,20 @@ def _supervise(
         )
 
     master.supervise(on_down, on_restart)
+
+
+def _groups_check(args: argparse.Namespace) -> str:
+    """The groups the node echoes, for its listening line: controller, list, any or none."""
+    if args.groups_url:
+        return "controller"
+    return "list" if args.group else "any" if args.any_group else "none"
+
+
+def _tenants_check(args: argparse.Namespace) -> str:
+    """The node's tenant check, for its listening line: controller, list or off."""
+    if args.source_tenants_url:
+        return "controller"
+    return "list" if args.source_tenants else "off"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,6 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 groups = ANY_GROUP
             tenants = SourceTenants.parse(args.source_tenants) if args.source_tenants else None
+            if args.source_tenants_url:
+                served = SourceTenants.fetch(args.source_tenants_url)
+                tenants = served if tenants is None else served.merged(tenants)
+            if tenants is None:
+                logging.getLogger("poolnode").warning(
+                    "no tenant check here: a GET may name any tenant; only the switch's tenant "
+                    "binding keeps a host to its own (--source-tenants-url checks here too)"
+                )
             server = PoolServer(
                 backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,
                 gso=args.gso, tenants=tenants,
@@ -324,8 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = sum(p.nbytes for p in args.preload)
             print(f"poolnode preloaded chunks={len(args.preload)} bytes={total}", flush=True)
         where = f" master={master_addr}" if args.backend == "mooncake" else ""
+        checks = f" groups={_groups_check(args)} tenants={_tenants_check(args)}"
         print(
-            f"poolnode listening host={host} port={port} backend={args.backend}{where}",
+            f"poolnode listening host={host} port={port} backend={args.backend}{where}{checks}",
             flush=True,
         )
         if master is not None:  # after "listening": a reader waiting for that line sees this

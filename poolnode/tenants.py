@@ -10,6 +10,10 @@ than that: a GET from an address it was not told about (a pool node's peer, a to
 network) is refused, one from an address listed as ``any`` is served for every tenant, and
 without a list the node checks no tenant at all and relies on the switch (the default).
 
+The controller serves its hosts' bindings at ``GET /v1/sources`` (``SourceTenants.fetch``,
+``--source-tenants-url``); a node reads them once at start and refuses to start without them
+(the hosts' bindings change only with the controller's configuration).
+
 Classes:
     SourceTenants: source IPv4 address -> the tenants it may name (or any).
 """
@@ -17,6 +21,8 @@ Classes:
 from __future__ import annotations
 
 import ipaddress
+import json
+import urllib.request
 from collections.abc import Iterable, Mapping
 
 __all__ = ["SourceTenants"]
@@ -55,6 +61,37 @@ class SourceTenants:
                 raise ValueError(f"source tenants {spec!r}: tenant ids are 16-bit")
             bindings[addr.strip()] = tenants
         return cls(bindings)
+
+    @classmethod
+    def fetch(cls, url: str, timeout_s: float = 5.0) -> SourceTenants:
+        """Reads the controller's ``/v1/sources`` document (address -> tenant list or "any").
+
+        Raises:
+            OSError: the controller could not be read.
+            ValueError: the document is not such a mapping (bad address or tenant ids).
+        """
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            doc = json.loads(resp.read())
+        raw = doc.get("sources") if isinstance(doc, dict) else None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{url}: no 'sources' mapping")
+        bindings: dict[str | int, Iterable[int] | None] = {}
+        for addr, tenants in raw.items():
+            if tenants == "any":
+                bindings[addr] = None
+            elif isinstance(tenants, list) and tenants and all(type(t) is int for t in tenants):
+                if not all(0 <= t <= 0xFFFF for t in tenants):
+                    raise ValueError(f"{url}: {addr}: tenant ids are 16-bit")
+                bindings[addr] = tenants
+            else:
+                raise ValueError(f"{url}: {addr}: expected a list of tenant ids or 'any'")
+        return cls(bindings)
+
+    def merged(self, other: SourceTenants) -> SourceTenants:
+        """These bindings with ``other``'s added (``other`` wins for an address in both)."""
+        out = SourceTenants({})
+        out._by_ip = {**self._by_ip, **other._by_ip}
+        return out
 
     def known(self, source: int) -> bool:
         """Whether ``source`` (an IPv4 address as an int) is listed at all."""

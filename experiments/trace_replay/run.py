@@ -462,6 +462,13 @@ def run_experiment(
         ]  # fmt: skip
         pool_node = PoolProcess(cluster, pool.name, pool_cmd)
         with ManagementNetwork(cluster, names) as mgmt, contextlib.closing(pool_node):
+            # The pool node checks each GET's tenant against its sender's binding: the hosts'
+            # as the switch binds them, and the controller's chunk reads (over the management
+            # network, from the root side of the pool's link) for any tenant.
+            bound = ",".join(str(t) for t in spec.tenants or ())
+            for h in cluster.hosts():
+                pool_cmd += ["--source-tenants", f"{h.ip}={bound or 'any'}"]
+            pool_cmd += ["--source-tenants", f"{mgmt.root_ip[pool.name]}=any"]
             pool_node.start()
             progress(
                 f"trace_replay: switch={cluster.switch_cls.kind} hosts={hosts} "

@@ -697,6 +697,7 @@ def test_a_stored_record_ends_the_wait_for_a_chunk_the_pool_lacked(env: Env) -> 
 # ---------------------------------------------------------------------- security base state
 def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(env: Env) -> None:
     from poolnode.groups import GroupRegistry
+    from poolnode.tenants import SourceTenants
 
     async def main() -> None:
         host = {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}
@@ -728,7 +729,36 @@ def test_host_ports_are_bound_unknown_ports_denied_and_groups_served_to_pools(en
             assert not await asyncio.to_thread(registry.allows, gid + 1)
             member, _ = st.lookup(c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, (gid, HOST_PORT))
             assert member.action == c.ACTION_INGRESS_PORT_ROLE_MEMBER
+
+            # What the switch vouches for, served to pool nodes (--source-tenants-url).
+            url = f"http://{address[0]}:{address[1]}/v1/sources"
+            sources = await asyncio.to_thread(SourceTenants.fetch, url)
+            host_ip = int(IPv4Address(HOST_IP))
+            assert sources.allows(host_ip, TENANT) and not sources.allows(host_ip, TENANT + 1)
         finally:
             await ctl.stop()
+
+    run(main())
+
+
+def test_a_host_of_any_tenant_is_marked_in_the_status_and_the_metrics(env: Env) -> None:
+    async def main() -> None:
+        host = {"name": "h1", "ip": HOST_IP, "mac": HOST_MAC, "port": HOST_PORT}
+        ctl = await started(env.config(hosts=[{**host, "tenants": "any"}]))
+        try:
+            assert ctl.status()["unisolated"] == [{"setting": "tenants_any", "name": "h1"}]
+            marked = "kvcast_controller_unisolated"
+            assert sample(ctl, marked, setting="tenants_any", node="h1") == 1
+            # Its port is bound to its address, with no tenant check.
+            bind, _ = env.sw.state.lookup(c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE, (HOST_PORT,))
+            assert bind.params == {"addr": int(IPv4Address(HOST_IP)), "check_tenant": 0}
+        finally:
+            await ctl.stop()
+        secure = await started(env.config())
+        try:
+            assert secure.status()["unisolated"] == []
+            assert b"kvcast_controller_unisolated{" not in secure.metrics.exposition()
+        finally:
+            await secure.stop()
 
     run(main())

@@ -267,23 +267,33 @@ def test_tenants_any_is_accepted_and_logged_as_a_warning(
     (record,) = caplog.records
     assert record.levelname == "WARNING" and record.getMessage().startswith("hosts[1].tenants:")
     assert "'h2' may ask for any tenant" in record.getMessage()
+    assert cfg.unisolated() == (("tenants_any", "h2"),)
 
 
 @pytest.mark.parametrize(
-    ("setting", "logged"),
+    ("setting", "logged", "marked"),
     [
-        ({"program_forwarding": False}, "switches[0].program_forwarding: false"),
-        ({"deny_unknown_ports": False}, "switches[0].deny_unknown_ports: false"),
+        (
+            {"program_forwarding": False},
+            "switches[0].program_forwarding: false",
+            "program_forwarding_off",
+        ),
+        (
+            {"deny_unknown_ports": False},
+            "switches[0].deny_unknown_ports: false",
+            "deny_unknown_ports_off",
+        ),
     ],
 )
 def test_switch_settings_that_leave_ports_unbound_are_logged(
-    caplog: pytest.LogCaptureFixture, setting: dict[str, bool], logged: str
+    caplog: pytest.LogCaptureFixture, setting: dict[str, bool], logged: str, marked: str
 ) -> None:
     doc = {"switches": [{"name": "s1", "address": "127.0.0.1:9559", **setting}]}
     with caplog.at_level("WARNING", logger="controlplane.config"):
-        parse_config(doc)
+        cfg = parse_config(doc)
     (record,) = caplog.records
     assert record.levelname == "WARNING" and record.getMessage().startswith(logged)
+    assert cfg.unisolated() == ((marked, "s1"),)
 
 
 def test_the_secure_defaults_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -291,4 +301,4 @@ def test_the_secure_defaults_log_nothing(caplog: pytest.LogCaptureFixture) -> No
         cfg = parse_config(with_(hosts=[host()], pools=[pool()]))
     (sw,) = cfg.switches
     assert sw.program_forwarding and sw.deny_unknown_ports
-    assert caplog.records == []
+    assert caplog.records == [] and cfg.unisolated() == ()

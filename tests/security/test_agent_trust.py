@@ -3,7 +3,9 @@
 Each test plays a hostile host that reaches the agent's socket directly (as it could on a
 fabric that does not filter, or through a switch without source binding) and checks that
 nothing it sends reaches the tensor: the fetch ends with the producer's bytes, and the report
-counts what was dropped.
+counts what was dropped. The last plays it with the reference switch (``RefSwitchBridge``) in
+the path: forged replicas sent through the switch from a member's host port and around it,
+straight to a default follower.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, data_message, nack_message
 from poolnode.server import PoolServer
 from tests.hostagent.fakes import FakeServer, pool
+from tests.hostagent.refbridge import RefSwitchBridge
 
 # Each test runs on the native data path and on the pure-Python one.
 pytestmark = pytest.mark.usefixtures("data_path")
@@ -194,3 +197,30 @@ def test_a_pool_node_the_agent_was_given_is_trusted(backend: InMemoryBackend) ->
         report = follower.follow(TENANT, KEY, out, stall_s=0.5)
     assert report.ok and report.foreign == 0 and report.frags_stream == NFRAGS
     assert out.numpy().tobytes() == CHUNK
+
+
+@pytest.mark.parametrize("source", [("127.0.0.1", 0), KVP_SOURCE], ids=["ephemeral", "kvp_port"])
+def test_forged_replicas_through_the_reference_switch_or_around_it_never_reach_a_follower(
+    pool_server: PoolServer, source: tuple[str, int]
+) -> None:
+    """A default follower (trusting only the switch) takes no forged replica from a member."""
+    with (
+        RefSwitchBridge(pool_server.address) as bridge,
+        FetchClient(bridge.vip, group=GROUP, **TIMING) as victim,
+        _attacker(source) as evil,
+    ):
+        member = bridge.register(evil.getsockname())
+        bridge.add_group(GROUP, [bridge.register(victim.address), member])
+        for msg in _forged_fragments(GROUP, c.KVP_FLAG_REPLICA | c.KVP_FLAG_HIT):
+            evil.sendto(msg, bridge.vip)  # through the switch, from the member's host port
+            evil.sendto(msg, victim.address)  # around it
+        out = torch.zeros(len(CHUNK), dtype=torch.uint8)
+        # No leader: the follower stalls, then repairs through the switch from the pool.
+        report = victim.follow(TENANT, KEY, out, stall_s=0.1)
+        with bridge.lock:
+            drops = bridge.target.state.counter_values(c.COUNTER_INGRESS_STATS_DROP_COUNTER)
+    assert report.ok
+    assert report.frags_stream == 0 and report.foreign == NFRAGS
+    assert out.numpy().tobytes() == CHUNK
+    # The switch refused every forged DATA from the host port: nothing was replicated.
+    assert drops[c.DROP_UNAUTHORIZED][0] == NFRAGS

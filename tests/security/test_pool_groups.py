@@ -13,7 +13,7 @@ from controlplane.reports import HttpApi, Response
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, get_message
-from poolnode.__main__ import _parser
+from poolnode.__main__ import _parser, main
 from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.server import KvpGetHandler, PoolServer
 from poolnode.tenants import SourceTenants
@@ -170,3 +170,82 @@ def test_the_server_checks_the_tenant_of_the_address_a_get_came_from() -> None:
         (c.KVP_OP_NACK, TENANT + 1),
     ]
     assert srv.stats.bad_tenants == 1
+
+
+class _Sources:
+    """Serves ``/v1/sources`` with the document the test sets."""
+
+    def __init__(self, doc: object) -> None:
+        self.doc = doc
+        self.api = HttpApi("127.0.0.1", 0, {("GET", "/v1/sources"): self._get}, name="t")
+
+    def _get(self, _body: bytes) -> Response:
+        return Response.json(HTTPStatus.OK, self.doc)  # type: ignore[arg-type]
+
+    @property
+    def url(self) -> str:
+        host, port = self.api.address
+        return f"http://{host}:{port}/v1/sources"
+
+
+def test_the_bindings_read_from_the_controller_refuse_another_tenant() -> None:
+    sources = _Sources({"sources": {"10.0.0.1": [TENANT], "10.0.0.2": [3, 4]}})
+    sources.api.start()
+    try:
+        served = SourceTenants.fetch(sources.url)
+    finally:
+        sources.api.stop()
+    # The controller reads chunks from its own address: added by hand (--source-tenants).
+    handler = _handler(tenants=served.merged(SourceTenants.parse(["10.0.0.254=any"])))
+    assert _answer(handler, 0, TENANT, HOST_A).op == c.KVP_OP_DATA
+    assert _answer(handler, 0, TENANT, HOST_B).op == c.KVP_OP_NACK
+    assert _answer(handler, 0, TENANT, CONTROLLER).op == c.KVP_OP_DATA  # "any"
+    assert handler.stats.bad_tenants == 1
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [{}, {"sources": []}, {"sources": {"10.0.0.1": []}}, {"sources": {"10.0.0.1": [1 << 16]}},
+     {"sources": {"10.0.0.1": "all"}}, {"sources": {"nowhere": [1]}}],
+)  # fmt: skip
+def test_a_bad_sources_document_is_refused(doc: object) -> None:
+    sources = _Sources(doc)
+    sources.api.start()
+    try:
+        with pytest.raises(ValueError):
+            SourceTenants.fetch(sources.url)
+    finally:
+        sources.api.stop()
+
+
+def test_a_node_that_cannot_read_its_bindings_does_not_start() -> None:
+    sources = _Sources({})
+    sources.api.start()
+    dead = sources.url
+    sources.api.stop()  # nothing listens there any more
+    argv = ["--backend", "memory", "--port", "0", "--source-tenants-url", dead]
+    assert main(argv) == 2
+
+
+def _listening(*args: str) -> tuple[str, str]:
+    """A pool node's ``listening`` line and what it logged before it, then the node killed."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "poolnode", "--backend", "memory", "--host", "127.0.0.1"]
+    with subprocess.Popen(
+        [*argv, "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = next((x for x in proc.stdout if x.startswith("poolnode listening")), "")
+        proc.kill()
+        return line, proc.stderr.read()
+
+
+def test_a_node_says_which_checks_it_makes_and_warns_when_it_checks_no_tenant() -> None:
+    line, log = _listening()
+    assert line.rstrip().endswith("groups=none tenants=off")
+    assert "no tenant check here" in log
+    line, log = _listening("--group", "5", "--source-tenants", "127.0.0.1=any")
+    assert line.rstrip().endswith("groups=list tenants=list")
+    assert "no tenant check here" not in log
