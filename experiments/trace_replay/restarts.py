@@ -309,12 +309,27 @@ class ControllerRestart(_RestartWatcher):
         self.load_wait_s = load_wait_s
 
     def _wait_for_a_load(self) -> bool:
+        """Freezes the daemon (SIGSTOP) in the middle of a load; False if none is seen in time.
+
+        A count of stored WRITEs that is not a multiple of a block's fragments shows a load in
+        progress, but the daemon may finish the block between that read and a kill. So the
+        daemon is stopped first, its last packets are let through, and the count read again:
+        still partial, the load is interrupted for sure (the caller kills the stopped daemon);
+        a whole number of blocks, it goes on (SIGCONT) and the watch starts over.
+        """
         frags = self.during_load_frags
         assert frags is not None
+        proc = self.daemon.proc
+        if proc is None:
+            return False
         deadline = time.monotonic() + self.load_wait_s
         while time.monotonic() < deadline:
             if sram_writes(self.switch_address) % frags:
-                return True
+                os.kill(proc.pid, signal.SIGSTOP)
+                time.sleep(0.2)  # what it sent before it stopped is through the switch
+                if sram_writes(self.switch_address) % frags:
+                    return True
+                os.kill(proc.pid, signal.SIGCONT)
             time.sleep(0.002)
         return False
 

@@ -49,7 +49,10 @@ def test_the_layered_step_matches_the_serial_step_and_waits_for_the_transfer() -
 def test_a_layer_that_ran_before_its_kv_landed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     from experiments import prefill_rate
 
-    # A broken wait: the forward no longer waits for a layer's KV, so it reads zeros.
+    # A broken wait: the forward no longer waits for a layer's KV, so it reads zeros. The
+    # bytes land only once the forward is over (at join), whatever the machine's load.
     monkeypatch.setattr(prefill_rate._Arrival, "wait", lambda self, layer: None)
+    monkeypatch.setattr(prefill_rate._Arrival, "start", lambda self, t0, fetch_s: None)
+    monkeypatch.setattr(prefill_rate._Arrival, "join", lambda self: self._run(0.0, 0.0))
     got = prefill_rate.measure_pipeline("tiny", [128], 32, [0.02], repeats=1, device="cpu")
     assert got["points"][0]["equal"] is False
