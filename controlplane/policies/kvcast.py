@@ -43,8 +43,9 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   costs SRAM WRITE packets through the switch CPU port and table churn, and the counts it
   compares are noisy (a Poisson count n has relative noise 1/sqrt(n): 25 % at n = 16), so
   near-ties must not swap chunks back and forth.
-* Shadow rankings (``shadow_rankings``, off by default): three scores per chunk (the one
-  above; recency: the last access only; long memory: a 2x slower decay), each run as a ghost
+* Shadow rankings (``shadow_rankings``, off by default): four scores per chunk (the one
+  above; recency: the last access only; long memory: a 2x slower decay; frequency: an 8x
+  slower decay, no learned weight), each run as a ghost
   cache on a hashed sample of prefix-chain segments; the policy ranks by the variant whose
   ghost has had significantly more hits lately. Memoryless chat sessions want recency, the
   conversation trace a longer memory, and no fixed setting serves both. Python record path
@@ -84,7 +85,13 @@ from controlplane.policies.base import (
     register_policy,
 )
 from controlplane.policies.kvcast_native import NativeRecordPolicy, native_record
-from controlplane.policies.kvcast_shadows import LONG_MEMORY, SEGMENT, VARIANTS, Shadows
+from controlplane.policies.kvcast_shadows import (
+    FREQUENCY_MEMORY,
+    LONG_MEMORY,
+    SEGMENT,
+    VARIANTS,
+    Shadows,
+)
 
 __all__ = ["KvcastPolicy"]
 
@@ -158,8 +165,9 @@ class KvcastPolicy(NativeRecordPolicy):
         history_weight: at each access the decayed sum of the earlier ones is first multiplied
             by this (1: the plain decayed sum; below 1 the score leans towards the last
             access, as LRU does; a grid point of the leave-one-family-out evaluation).
-        shadow_rankings: keep three scores per chunk (this one; recency: the last access
-            only, no learned weight; long memory: a 2x slower decay) and rank by the one whose
+        shadow_rankings: keep four scores per chunk (this one; recency: the last access
+            only, no learned weight; long memory: a 2x slower decay; frequency: an 8x slower
+            decay, no learned weight) and rank by the one whose
             ghost cache has had significantly more hits lately (ghosts run on a hashed
             sample of the prefix chains). Batches then go through the Python record path.
         shadow_sample_chunks: about how many chunks each ghost cache holds (the sample rate
@@ -224,6 +232,7 @@ class KvcastPolicy(NativeRecordPolicy):
             (self._log_history, learned_weights, 1.0),
             (_NEG_INF, False, 1.0),
             (self._log_history, learned_weights, LONG_MEMORY),
+            (self._log_history, False, FREQUENCY_MEMORY),
         ]
         self._shadow_on = shadow_rankings
         self._shadow_chunks = shadow_sample_chunks

@@ -1,7 +1,8 @@
 """The shadow rankings of kvcast's policy: ghost caches of its scoring variants on a sample.
 
-With ``shadow_rankings=True`` :class:`~controlplane.policies.kvcast.KvcastPolicy` keeps three
-scores per chunk (its own; recency: the last access only; long memory: a 2x slower decay) and
+With ``shadow_rankings=True`` :class:`~controlplane.policies.kvcast.KvcastPolicy` keeps four
+scores per chunk (its own; recency: the last access only; long memory: a 2x slower decay;
+frequency: an 8x slower decay without the learned weight) and
 ranks by the variant whose ghost cache has had significantly more hits lately. This module holds
 the ghosts and the choice among the variants; the policy keeps every variant's score.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 
-__all__ = ["LONG_MEMORY", "SEGMENT", "VARIANTS", "Ghost", "Shadows"]
+__all__ = ["FREQUENCY_MEMORY", "LONG_MEMORY", "SEGMENT", "VARIANTS", "Ghost", "Shadows"]
 
 _HASH_MUL = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
@@ -26,11 +27,16 @@ _SAMPLE_ONE = 1 << _SAMPLE_BITS
 SEGMENT = 16
 """The shadow sample takes prefix chains in segments of this many blocks (by position)."""
 
-VARIANTS = ("default", "recency", "long-memory")
+VARIANTS = ("default", "recency", "long-memory", "frequency")
 """The scoring variants the shadow rankings choose among (``shadow_rankings=True``)."""
 
 LONG_MEMORY = 2.0
 """The long-memory variant decays this many times slower than the default."""
+
+FREQUENCY_MEMORY = 8.0
+"""The frequency variant decays this many times slower than the default (and counts every
+access alike, without the learned weight): nearly a plain access count, LFU's order with the
+prefix clamp."""
 
 
 class Ghost:

@@ -294,6 +294,35 @@ def test_kvcast_shadow_rankings_pick_long_memory_for_rare_regulars() -> None:
     assert shadow_hits > 1.1 * plain_hits
 
 
+def test_kvcast_shadow_rankings_pick_frequency_for_regulars_among_scans() -> None:
+    """Eight blocks come back every ~23 s among 40 one-offs per round and four pairs reused
+    2 s apart (which pull the adaptive half-life down to ~3 s): even the 2x slower decay has
+    forgotten the regulars by their next visit; the frequency variant (8x slower, every
+    access alike) keeps them."""
+    seq = []
+    t, one_off = 0.0, 10**6
+    for _ in range(150):
+        for k in range(8):
+            seq.append((k, t))
+            t += 0.1
+        for _ in range(4):
+            seq += [(one_off, t), (one_off, t + 2.0)]
+            one_off += 1
+            t += 0.5
+        for _ in range(40):
+            seq.append((one_off, t))
+            one_off += 1
+            t += 0.5
+        t += 2.0
+    seq.sort(key=lambda e: e[1])
+    plain = KvcastPolicy(12 * B)
+    shadow = KvcastPolicy(12 * B, shadow_rankings=True)
+    plain_hits = _replay_hits(plain, seq)
+    shadow_hits = _replay_hits(shadow, seq)
+    assert shadow.variant == "frequency"
+    assert shadow_hits > 4 * plain_hits
+
+
 def test_kvcast_shadow_rankings_stay_put_without_a_significant_lead() -> None:
     """Working sets of 20 blocks, each read 10 times round-robin, then replaced: every
     variant hits (almost) the same, so the policy never switches."""

@@ -235,7 +235,7 @@ def test_the_c_path_replays_a_workload_like_the_python_path() -> None:
 
 def test_shadow_rankings_record_on_the_python_path_as_online() -> None:
     """With shadow rankings the batch goes through the Python record path (the ghosts and
-    the three scores per chunk have no C step): a batch leaves the state that the same
+    the four scores per chunk have no C step): a batch leaves the state that the same
     accesses leave one by one, and the variant chosen is the same."""
     for w in _workloads()[3:]:
         acc = w.accesses()
