@@ -88,16 +88,19 @@ class _Recovery(_ClientBase):
     def _mac_matches(self, st: _State, secret: bytes, deadline: float, pool: int | None) -> bool:
         """Fetches the MAC object (all paths, or only pool path ``pool``) and compares.
 
-        With ``pool`` None a MAC object ``fetch_many`` already fetched (``st.macs``) is used.
+        With ``pool`` None a MAC object ``fetch_many`` already fetched (``st.macs``) is used,
+        and only the segments not compared yet against it are hashed.
 
         Raises:
             _GiveUp: MAC_MISSING when the MAC object cannot be fetched.
         """
+        if pool is None and st.macs is not None:
+            # Fetched beside the chunk, its segments compared as they arrived: only those not
+            # compared yet are (the rest were hashed once already).
+            return self._verified_segments(st, secret, st.n) == st.n
         mac_key = mac_key_of(st.key)
         size = mac_object_bytes(st.nbytes)
-        if pool is None and st.macs is not None:
-            got_macs = st.macs
-        elif pool is not None and pool < 0:  # the pool's own client
+        if pool is not None and pool < 0:  # the pool's own client
             assert self.direct is not None
             buf = np.zeros(size, dtype=np.uint8)
             try:
