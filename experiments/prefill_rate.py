@@ -82,6 +82,34 @@ def _timed(fn: Any, device: str, repeats: int) -> list[float]:
     return times
 
 
+def _random_model(shape: str, device: str) -> tuple[Any, Any, int]:
+    """A bf16 Llama of shape ``shape`` with random weights (seed 0) on ``device``.
+
+    Returns:
+        ``(model, config, KV bytes per token)``.
+    """
+    import torch
+    import transformers
+
+    cfg = model_shape(shape)
+    torch.manual_seed(0)
+    llama: Any = transformers.LlamaForCausalLM
+    with torch.device(device):
+        model = llama(cfg).to(torch.bfloat16).eval()
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    return model, cfg, kv_per_token
+
+
+def _host_kv(cache: Any, device: str) -> list[tuple[Any, Any]]:
+    """A cache's per-layer keys and values in host memory (pinned where ``device`` is CUDA)."""
+    pin = device == "cuda"
+    return [
+        (layer.keys.to("cpu").pin_memory() if pin else layer.keys.clone(),
+         layer.values.to("cpu").pin_memory() if pin else layer.values.clone())
+        for layer in cache.layers
+    ]  # fmt: skip
+
+
 def measure(
     shape: str, lengths: list[int], suffix: int, repeats: int, device: str
 ) -> dict[str, Any]:
@@ -94,13 +122,7 @@ def measure(
     import torch
     import transformers
 
-    cfg = model_shape(shape)
-    dtype = torch.bfloat16
-    torch.manual_seed(0)
-    llama: Any = transformers.LlamaForCausalLM
-    with torch.device(device):
-        model = llama(cfg).to(dtype).eval()
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    model, cfg, kv_per_token = _random_model(shape, device)
     gen = torch.Generator().manual_seed(1)
     out: dict[str, Any] = {
         "shape": shape,
@@ -123,11 +145,7 @@ def measure(
             # then the suffix computed on top of it.
             pre = n - suffix
             res = model(input_ids=ids[:, :pre], use_cache=True)
-            host = [
-                (layer.keys.to("cpu").pin_memory() if device == "cuda" else layer.keys.clone(),
-                 layer.values.to("cpu").pin_memory() if device == "cuda" else layer.values.clone())
-                for layer in res.past_key_values.layers
-            ]  # fmt: skip
+            host = _host_kv(res.past_key_values, device)
             del res
 
             def cached(ids: Any = ids, pre: int = pre, host: Any = host) -> None:
@@ -331,13 +349,8 @@ def measure_pipeline(
     import torch
     import transformers
 
-    cfg = model_shape(shape)
-    torch.manual_seed(0)
-    llama: Any = transformers.LlamaForCausalLM
-    with torch.device(device):
-        model = llama(cfg).to(torch.bfloat16).eval()
+    model, cfg, kv_per_token = _random_model(shape, device)
     layers = model.model.layers
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     gen = torch.Generator().manual_seed(2)
     out: dict[str, Any] = {
         "shape": shape,
@@ -345,7 +358,6 @@ def measure_pipeline(
         "kv_bytes_per_token": kv_per_token,
         "points": [],
     }
-    pin = device == "cuda"
 
     def sync() -> None:
         if device == "cuda":
@@ -356,11 +368,7 @@ def measure_pipeline(
             pre = n - suffix
             ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device)
             res = model(input_ids=ids[:, :pre], use_cache=True)
-            host = [
-                (layer.keys.to("cpu").pin_memory() if pin else layer.keys.clone(),
-                 layer.values.to("cpu").pin_memory() if pin else layer.values.clone())
-                for layer in res.past_key_values.layers
-            ]  # fmt: skip
+            host = _host_kv(res.past_key_values, device)
             del res
 
             def prepared(dev: list[Any]) -> tuple[Any, list[tuple[Any, Any]]]:
