@@ -407,10 +407,12 @@ def scatter_many_to_paged(
     )
     for row, ch in zip(staged, chunks, strict=True):
         row.copy_(layout.view(ch)[lo:hi], non_blocking=non_blocking)
-    pick = torch.tensor([i for i, _ in targets], device=device)
+    picks = [i for i, _ in targets]
     idx = torch.tensor(blocks, device=device)
-    identity = [i for i, _ in targets] == list(range(len(chunks)))
-    src_all = staged if identity else staged.index_select(0, pick)
+    if picks == list(range(len(chunks))):  # each chunk into one block, in order
+        src_all = staged
+    else:
+        src_all = staged.index_select(0, torch.tensor(picks, device=device))
     d = layout.head_dim
     for layer in chosen:
         src = src_all[:, layer - lo]  # [n, 2, B, H, D]
