@@ -133,10 +133,12 @@ class Controller:
         self.intake = ReportIntake(config, self.switches, self.metrics, self._keys, clock)
         self._accesses = SwitchAccesses(config, self.metrics, self._keys, self._source)
         self._applier = DecisionApplier(config, self.metrics, self._keys, self._source)
-        self.pusher: EnginePusher | None = EnginePusher(config, self.metrics)
-        if not self.pusher.active:
-            self.pusher.close()
-            self.pusher = None
+        # Engine pushes only where a host names its engine.
+        self.pusher: EnginePusher | None = (
+            EnginePusher(config, self.metrics)
+            if any(h.engine_url is not None for h in config.hosts)
+            else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._report_api: HttpApi | None = None
         self._metrics_api: HttpApi | None = None
@@ -296,11 +298,12 @@ class Controller:
         pulls = dict.fromkeys(self.switches, 0)
         planners = {n: rt.push for n, rt in self.switches.items() if rt.push is not None}
         for r in reports:
+            host = self.intake.host_name(r.host)
             if self.pusher is not None:
-                self.pusher.saw(self.intake.host_name(r.host))
+                self.pusher.saw(host)
             planner = planners.get(self.intake.switch_of(r.host))
             if r.stored and planner is not None:
-                planner.note_held(r.key, self.intake.host_name(r.host))
+                planner.note_held(r.key, host)
         for r, _hid, switch, _t in routed:
             if r.hit is False:
                 pulls[switch] += r.size  # read from the pool

@@ -287,11 +287,6 @@ class EnginePusher:
         # The planners are changed by the tick and read by GET /v1/static (an HTTP thread).
         self._held_lock = threading.Lock()
 
-    @property
-    def active(self) -> bool:
-        """Whether any host has an engine to push to."""
-        return bool(self._hosts)
-
     def close(self) -> None:
         """Stops sending: queued requests are dropped, running ones end on their own."""
         self._pool.shutdown(wait=False, cancel_futures=True)
