@@ -630,6 +630,7 @@ def _sweep(
                             "frags_pool": int(conn.get("frags_pool", 0)),
                             "frags_stream": int(conn.get("frags_stream", 0)),
                             "repairs": int(conn.get("repairs", 0)),
+                            "load_s": round(float(conn.get("load_s", 0.0)), 5),
                             "chunks_failed": int(conn.get("chunks_failed", 0)),
                             "first_logprob": r["first_logprob"],
                             "tokens": " ".join(map(str, r["tokens"])),
@@ -666,7 +667,8 @@ def summarize(
     ``vs_local_same_n`` over the ``local`` floor at the same N (N engines computing their suffix
     at once on this machine's cores, no KV moved); ``net_ms`` is the difference, the time the
     KV's journey adds, and ``net_vs_lone`` that time over a lone engine's (pool at N = 1 minus
-    local at N = 1).
+    local at N = 1). ``load_ms`` is the median engine's time in the connector's load jobs
+    (from handing the step's chunks to the loader to the last one verified in the cache).
     """
     out = []
     lone = [p["ttft_p50_s"] for p in points if p["n"] == 1 and p["mode"] == "pool"]
@@ -694,6 +696,7 @@ def summarize(
                 "net_vs_lone": (
                     round((last - floor_s) / lone_net, 2) if floor_s and lone_net else ""
                 ),
+                "load_ms": round(statistics.median(r["load_s"] for r in rs) * 1e3, 1),
                 "loaded_tokens": round(statistics.mean(r["loaded_tokens"] for r in rs)),
                 "computed_tokens": round(statistics.mean(r["computed_tokens"] for r in rs)),
                 "pool_tx_over_prefix": round(
@@ -716,7 +719,7 @@ COLUMNS = [
     ("n", "N"), ("mode", "mode"), ("ttft_p50_ms", "TTFT p50 ms"),
     ("ttft_last_ms", "TTFT last ms"), ("ttft_tail_ms", "tail ms"),
     ("vs_lone_cached", "/lone"), ("vs_local_same_n", "/local"), ("net_ms", "net ms"),
-    ("net_vs_lone", "net/lone"),
+    ("net_vs_lone", "net/lone"), ("load_ms", "load ms"),
     ("loaded_tokens", "loaded"), ("computed_tokens", "computed"),
     ("pool_tx_over_prefix", "pool tx/prefix"),
     ("busiest_pool_over_prefix", "busiest pool/prefix"), ("repairs", "repairs"),

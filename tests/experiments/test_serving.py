@@ -134,6 +134,8 @@ def test_the_experiment_names_its_setup(result: dict, tmp_path: Path) -> None:
     assert {r["mode"] for r in summary} == {"recompute", "pool", "r2", "multicast", "sram"}
     assert all(r["outputs_equal"] is True for r in summary if r["mode"] != "recompute")
     assert "busiest pool/prefix" in format_table(summary)
+    load = {r["mode"]: r["load_ms"] for r in summary}
+    assert load["recompute"] == 0 and all(load[m] > 0 for m in ("pool", "r2", "multicast"))
     assert "TTFT p50 ms" in format_table(summary)
     plot(summary, tmp_path / "ttft.png", "test")
     assert (tmp_path / "ttft.png").stat().st_size > 1000
