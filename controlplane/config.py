@@ -124,7 +124,7 @@ from controlplane.configspec import (
 from controlplane.errors import ConfigError
 from controlplane.kvclasses import ClassSpec
 from controlplane.policies import PolicyConfigError, available_policies, make_policy
-from controlplane.targets import Target
+from controlplane.targets import Target, compiled_cpu_port
 from kvcast import p4constants as c
 from kvcast.ports import AGENT_PORT
 
@@ -181,6 +181,13 @@ def _switch(raw: object, path: str, base: Path | None) -> SwitchSpec:
         role=as_choice(s.take("role", "leaf"), s.at("role"), ("leaf", "spine")),
     )
     s.done()
+    if spec.device_config is not None and spec.cpu_port is not None:
+        compiled = compiled_cpu_port(spec.device_config)
+        if compiled is not None and compiled != spec.cpu_port:
+            raise ConfigError(
+                f"{s.at('cpu_port')}: {spec.cpu_port}, but {spec.device_config} was compiled "
+                f"for CPU port {compiled} (make p4-tofino CPU_PORT={spec.cpu_port})"
+            )
     return spec
 
 

@@ -29,6 +29,7 @@ Functions:
     pack_bf_pipeline_config: the p4_device_config for stratum_bfrt from the compiler's .conf.
     unpack_bf_pipeline_config: the inverse, for tests and inspection.
     device_config_for: the device config bytes a target needs from its configured file.
+    compiled_cpu_port: the CPU port a Tofino compile was given, from its manifest.
     local_p4info: the P4Info the client's schema uses (pipeline prefix removed, digests named
         by their type, ids kept).
 """
@@ -210,6 +211,39 @@ def unpack_bf_pipeline_config(blob: bytes) -> BfPipeline:
             for p in msg.profiles
         ),
     )
+
+
+def compiled_cpu_port(conf: Path) -> int | None:
+    """The CPU port a Tofino compile was given (``-DCPU_PORT_NUM``), from its manifest.
+
+    The compiler writes ``manifest.json`` beside the ``.conf``, with the compile's defines
+    (``make p4-tofino CPU_PORT=320`` adds ``CPU_PORT_NUM=320``).
+
+    Returns:
+        The port, or None where the manifest is absent or the compile took ``sizes.p4``'s
+        default (no define).
+
+    Raises:
+        ConfigError: the manifest is unreadable, or its define is not a port number.
+    """
+    manifest = conf.parent / "manifest.json"
+    if not manifest.exists():
+        return None
+    try:
+        doc = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the Tofino compiler's manifest {manifest}: {exc}") from exc
+    programs = doc.get("programs", []) if isinstance(doc, dict) else []
+    for program in programs if isinstance(programs, list) else []:
+        sources = program.get("source_files", {}) if isinstance(program, dict) else {}
+        for define in sources.get("defines", []) if isinstance(sources, dict) else []:
+            name, _, value = str(define).partition("=")
+            if name == "CPU_PORT_NUM":
+                try:
+                    return int(value, 0)
+                except ValueError:
+                    raise ConfigError(f"{manifest}: CPU_PORT_NUM={value!r} is not a port") from None
+    return None
 
 
 # ------------------------------------------------------------------------ per target

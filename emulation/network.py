@@ -29,7 +29,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -114,6 +114,7 @@ class Cluster(Service):
         self.switch_cls = switch_cls or default_switch_class()
         self.nodes = {n.name: n for n in self._addresses()}
         self._groups: dict[int, list[int]] = {}
+        self._pool_owners: list[int] | None = None
         self.net: Any = None
         self._old_handlers: dict[int, Any] = {}
         if quiet:
@@ -348,15 +349,44 @@ class Cluster(Service):
             c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
             {"role": c.PORT_ROLE_DENY},
         )
-        pools = self.pools()
-        for bucket in range(c.POOL_BUCKETS):
-            owner = pools[bucket % len(pools)]
+        for bucket, ip in enumerate(self._bucket_owners()):
             cl.insert(
                 c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
                 {"bucket": bucket},
                 c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(owner.ip)},
+                {"pool_ip": ip},
             )
+
+    def _bucket_owners(self) -> list[int]:
+        """Each pool bucket's pool node address: bucket b to ``owners[b mod len(owners)]``."""
+        pools = self.pools()
+        owners = self._pool_owners or list(range(len(pools)))
+        return [_ip(pools[owners[b % len(owners)]].ip) for b in range(c.POOL_BUCKETS)]
+
+    def set_pool_owners(self, owners: Sequence[int]) -> None:
+        """Spreads the pool buckets over the pool nodes ``owners`` (on a star's one switch).
+
+        ``owners`` are indexes into :meth:`pools`; bucket b goes to ``owners[b mod
+        len(owners)]`` (at start: every pool node, in order). Only the buckets that change are
+        rewritten, one MODIFY each (never an entry-less moment); a restarted switch is
+        programmed with the latest owners.
+
+        Raises:
+            ValueError: no owner, or an index that is not a pool node.
+        """
+        n = len(self.pools())
+        if not owners or any(not 0 <= i < n for i in owners):
+            raise ValueError(f"pool owners {list(owners)} are not indexes of {n} pool nodes")
+        before = self._bucket_owners()
+        self._pool_owners = list(owners)
+        for bucket, (old, new) in enumerate(zip(before, self._bucket_owners(), strict=True)):
+            if old != new:
+                self.client.modify(
+                    c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
+                    {"bucket": bucket},
+                    c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
+                    {"pool_ip": new},
+                )
 
     def switch_alive(self) -> bool:
         """Whether the switch process is still running."""

@@ -45,6 +45,7 @@ Classes:
 
 Functions:
     get_timeouts: the agents' GET timeouts in one point.
+    pool_tx_each: bytes each pool node has sent.
     run_point: one point on a running cluster.
     serve_pools: a pool node on every pool host of a running cluster.
     run_sweep: the whole sweep on one cluster.
@@ -95,17 +96,22 @@ RESULTS = Path("results/incast")
 
 
 def _pool_tx_bytes(cluster: Cluster) -> int:
-    """Bytes the pool nodes have sent: what the switch's ports facing them have received.
+    """Bytes the pool nodes have sent, all together (:func:`pool_tx_each`)."""
+    return sum(pool_tx_each(cluster))
+
+
+def pool_tx_each(cluster: Cluster) -> list[int]:
+    """Bytes each pool node has sent: what the switch's port facing it has received.
 
     Read in the root namespace (the switch's end of each veth pair), so no node shell is
     involved; a veth pair delivers every frame one end sends to the other.
     """
-    total = 0
+    out = []
     for pool in cluster.pools():
         node = cluster.host(pool.name)
         switch_intf = node.defaultIntf().link.intf2.name
-        total += int(Path(f"/sys/class/net/{switch_intf}/statistics/rx_bytes").read_text())
-    return total
+        out.append(int(Path(f"/sys/class/net/{switch_intf}/statistics/rx_bytes").read_text()))
+    return out
 
 
 def _event_counters(cluster: Cluster) -> dict[int, int]:

@@ -12,6 +12,10 @@ one shared system prompt (``--prefix`` tokens) plus a suffix of their own. Modes
 ``pool``
     each engine's connector loads the prefix from the pool through the switch: N unicast
     streams out of one pool link, the N-to-1 incast.
+``r2``, ``r4``
+    Mooncake's answer without the switch: the prefix replicated on k pool nodes, each behind a
+    link of its own (:mod:`experiments.serving_replicas`), every engine loading it by unicast,
+    each chunk from replica ``bucket(chunk) mod k``, so the N streams share k pool links.
 ``multicast``
     one engine's connector asks the pool for the prefix with a multicast group in its GETs; the
     switch replicates the pool's one stream to every member, whose connectors follow it.
@@ -89,10 +93,13 @@ from experiments.serving_plan import (
     link_mbit,
     make_model,
     mode_options,
+    replicas,
     tokens,
     trace_requests,
 )
+from experiments.serving_replicas import replicate
 from kvcast import p4constants as c
+from kvcast.integrity import mac_key_of
 from kvcast.kvp import frag_count
 from kvcast.ports import AGENT_PORT
 
@@ -134,12 +141,17 @@ def calibrate(model: Path, prompt_tokens: int, repeats: int = 3, seed: int = 1) 
 
 def connector_config(
     host_ip: str, name: str, pool_ip: str, master: str, window: int, timeouts: tuple[float, float],
-    mtu: int, mac_keys: dict[int, bytes] | None = None,
+    mtu: int, mac_keys: dict[int, bytes] | None = None, other_pools: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
-    """One engine's ``kv_connector_extra_config`` on the emulated cluster."""
+    """One engine's ``kv_connector_extra_config`` on the emulated cluster.
+
+    ``pool_ip`` is the pool node the engines publish to (and ask when the switch fails),
+    ``other_pools`` the replicas' addresses, whose DATA the engine must trust too.
+    """
     cfg: dict[str, Any] = {
         "service": f"{SERVICE_IP}:{c.KVP_UDP_PORT}",
         "pool": f"{pool_ip}:{c.KVP_UDP_PORT}",
+        "pools": [f"{ip}:{c.KVP_UDP_PORT}" for ip in other_pools],
         "tenant": TENANT,
         "pool_backend": "mooncake",
         "mooncake": {
@@ -328,9 +340,10 @@ def run(
 
     switch_cls = switch_cls or default_switch_class()
     n_max = max(plan.ns)
+    n_pools = max(replicas(m) for m in plan.modes)
     spec = ClusterSpec(
         n_hosts=n_max,
-        n_pools=1,
+        n_pools=n_pools,
         host_link=LinkSpec(bw_mbit=mbit),
         pool_link=LinkSpec(bw_mbit=mbit),
         tenants=(TENANT,),
@@ -342,83 +355,97 @@ def run(
     points: list[dict[str, Any]] = []
     result: dict[str, Any] = {"rows": rows, "points": points}
     t_start = time.monotonic()
-    with Cluster(spec, switch_cls) as cluster:
+    with Cluster(spec, switch_cls) as cluster, contextlib.ExitStack() as stack:
         pool = cluster.pools()[0]
         hosts = cluster.hosts()
         names = [h.name for h in hosts]
-        # The experiment programs its groups into the switch itself, per point (no controller
-        # serves them to the pool node): the switch's membership check guards them.
-        pool_cmd = [
-            sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
-            "--local-hostname", pool.ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
-            "--mtu", str(spec.mtu), "--any-group",
-        ]  # fmt: skip
-        ready = r"poolnode listening .*master=(\S+)"
-        with cluster.serve(pool.name, pool_cmd, ready, 180, cwd=REPO) as listening:
-            master = listening.group(1)
-            connectors: dict[str, dict[str, Any] | None] = {
-                h.name: connector_config(
-                    h.ip, h.name, pool.ip, master, window, timeouts, spec.mtu, mac_keys
-                )
-                for h in hosts
-            }
-
-            engines = Engines(
-                lambda name, cmd, **kw: cluster.host(name).popen(cmd, **kw),
-                names,
-                connectors,
-                model,
-                out / "logs",
-                http_port=ENGINE_HTTP_PORT if agentic_daemon else None,
+        # Every pool node runs a Mooncake master of its own: pool node 0 holds what the engines
+        # publish, the others a replica's copy (experiments.serving_replicas). Only the r modes
+        # spread the buckets over them; every other mode reads pool node 0.
+        masters = [
+            stack.enter_context(_pool_node(cluster, p.name, p.ip, spec.mtu)).group(1)
+            for p in cluster.pools()
+        ]
+        cluster.set_pool_owners([0])
+        master = masters[0]
+        replica_ips = [p.ip for p in cluster.pools()[1:]]
+        connectors: dict[str, dict[str, Any] | None] = {
+            h.name: connector_config(
+                h.ip, h.name, pool.ip, master, window, timeouts, spec.mtu, mac_keys, replica_ips
             )
+            for h in hosts
+        }
+
+        engines = Engines(
+            lambda name, cmd, **kw: cluster.host(name).popen(cmd, **kw),
+            names,
+            connectors,
+            model,
+            out / "logs",
+            http_port=ENGINE_HTTP_PORT if agentic_daemon else None,
+        )
+        try:
+            t0 = time.monotonic()
+            engines.wait_ready(600)
+            progress(f"{n_max} engines ready in {time.monotonic() - t0:.1f} s")
+            _warm_up(engines, plan)
+            progress("engines warmed up")
+            result["setup"] = {
+                "switch": switch_cls.__name__,
+                "link_mbit": mbit,
+                "mtu": spec.mtu,
+                "window": window,
+                "get_timeouts": timeouts,
+                "engine_startup_s": engines.startup_s,
+            }
             try:
-                t0 = time.monotonic()
-                engines.wait_ready(600)
-                progress(f"{n_max} engines ready in {time.monotonic() - t0:.1f} s")
-                _warm_up(engines, plan)
-                progress("engines warmed up")
-                result["setup"] = {
-                    "switch": switch_cls.__name__,
-                    "link_mbit": mbit,
-                    "mtu": spec.mtu,
-                    "window": window,
-                    "get_timeouts": timeouts,
-                    "engine_startup_s": engines.startup_s,
-                }
-                try:
-                    _sweep(cluster, engines, plan, rows, points, progress)
-                    if trace is not None:
-                        result["trace"] = _replay(engines, trace, plan, progress)
-                    if corrupt_check:
-                        result["corrupt"] = checks.corrupt_check(engines, plan)
-                        progress(f"corrupt check: {result['corrupt']}")
-                    if agentic_check:
+                _sweep(cluster, engines, plan, rows, points, progress, masters, bool(mac_keys))
+                if trace is not None:
+                    result["trace"] = _replay(engines, trace, plan, progress)
+                if corrupt_check:
+                    result["corrupt"] = checks.corrupt_check(engines, plan)
+                    progress(f"corrupt check: {result['corrupt']}")
+                if agentic_check:
 
-                        def daemon() -> Any:
-                            return pushing_daemon(cluster, [*names, pool.name], out / "daemon")
+                    def daemon() -> Any:
+                        return pushing_daemon(cluster, [*names, pool.name], out / "daemon")
 
-                        result["agentic"] = checks.agentic_check(
-                            cluster, engines, plan, daemon if agentic_daemon else None
-                        )
-                        progress(f"agentic check: {result['agentic']}")
-                    if switch_kill_check:
-                        result["switch_kill"] = checks.switch_kill_check(
-                            cluster, engines, plan, prefill_us_per_token
-                        )
-                        progress(f"switch kill check: {result['switch_kill']}")
-                    if dead_pool_check:
-                        result["dead_pool"] = checks.dead_pool_check(engines, plan, pool.ip)
-                        progress(f"dead pool check: {result['dead_pool']}")
-                except EngineError as exc:
-                    # The points measured so far still reach the CSVs; the error says where.
-                    result["error"] = str(exc)[:2000]
-                    progress(f"stopped after {len(points)} points: {exc}")
-            finally:
-                engines.close()
+                    result["agentic"] = checks.agentic_check(
+                        cluster, engines, plan, daemon if agentic_daemon else None
+                    )
+                    progress(f"agentic check: {result['agentic']}")
+                if switch_kill_check:
+                    result["switch_kill"] = checks.switch_kill_check(
+                        cluster, engines, plan, prefill_us_per_token
+                    )
+                    progress(f"switch kill check: {result['switch_kill']}")
+                if dead_pool_check:
+                    result["dead_pool"] = checks.dead_pool_check(engines, plan, pool.ip)
+                    progress(f"dead pool check: {result['dead_pool']}")
+            except EngineError as exc:
+                # The points measured so far still reach the CSVs; the error says where.
+                result["error"] = str(exc)[:2000]
+                progress(f"stopped after {len(points)} points: {exc}")
+        finally:
+            engines.close()
     result["elapsed_s"] = time.monotonic() - t_start
     if "setup" not in result:
         raise EngineError("the engines did not start")
     return result
+
+
+def _pool_node(cluster: Any, name: str, ip: str, mtu: int) -> Any:
+    """A pool node with a Mooncake master of its own on ``name``; the match of its ready line.
+
+    The experiment programs its groups into the switch itself, per point (no controller serves
+    them to the pool node): the switch's membership check guards them.
+    """
+    cmd = [
+        sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
+        "--local-hostname", ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
+        "--mtu", str(mtu), "--any-group",
+    ]  # fmt: skip
+    return cluster.serve(name, cmd, r"poolnode listening .*master=(\S+)", 180, cwd=REPO)
 
 
 @contextlib.contextmanager
@@ -498,8 +525,18 @@ def _sweep(
     rows: list[dict[str, Any]],
     points: list[dict[str, Any]],
     progress: Callable[[str], None],
+    masters: Sequence[str],
+    macs: bool,
 ) -> None:
+    """The points: per repeat, N and mode, every engine's request at once (module docstring).
+
+    ``masters`` are the pool nodes' Mooncake masters (the replicas' after the first), ``macs``
+    whether the chunks have MAC objects (copied to the replicas with them).
+    """
+    from experiments.incast import pool_tx_each
+
     client = cluster.client
+    n_replicas = max(replicas(m) for m in plan.modes)
     total = len(plan.ns) * plan.repeats * len(plan.modes)
     done = 0
     epoch = 0
@@ -523,6 +560,14 @@ def _sweep(
                 engines.ask({names[0]: {"cmd": "read", "keys": keys, "path": str(chunk_file)}})
                 blob = chunk_file.read_bytes()
                 chunk = len(blob) // len(keys)
+                if n_replicas > 1:
+                    copied = keys + [(t, mac_key_of(k)) for t, k in keys] if macs else keys
+                    got = engines.ask(
+                        {names[0]: {"cmd": "read", "keys": copied, "path": str(chunk_file)}}
+                    )[names[0]]
+                    replicate(
+                        cluster, names[0], masters[1:n_replicas], copied, got["sizes"], chunk_file
+                    )
                 recompute_tokens: dict[str, list[int]] = {}
                 recompute_lp: dict[str, float] = {}
                 for mode in plan.modes:
@@ -539,13 +584,15 @@ def _sweep(
                             )  # fmt: skip
                     if mode in ("multicast", "sram"):
                         cluster.add_group(group, names)
+                    if replicas(mode) > 1:
+                        cluster.set_pool_owners(range(replicas(mode)))
                     if mode == "local":  # the prefix into each engine's own cache first
                         engines.ask(
                             {name: {"cmd": "run", "prompt": prompts[name],
                                     "kvcast": {"load": False, "save": False}, "max_tokens": 1}
                              for name in names}
                         )  # fmt: skip
-                    tx0 = checks.pool_tx_bytes(cluster)
+                    tx0 = pool_tx_each(cluster)
                     start_at = time.time() + 1.0
                     recs = engines.ask(
                         {name: {"cmd": "run", "prompt": prompts[name],
@@ -553,9 +600,12 @@ def _sweep(
                                 "max_tokens": plan.max_tokens, "start_at": start_at}
                          for i, name in enumerate(names)}
                     )  # fmt: skip
-                    pool_tx = checks.pool_tx_bytes(cluster) - tx0
+                    tx_each = [b - a for a, b in zip(tx0, pool_tx_each(cluster), strict=True)]
+                    pool_tx = sum(tx_each)
                     if mode in ("multicast", "sram"):
                         cluster.remove_group(group)
+                    if replicas(mode) > 1:
+                        cluster.set_pool_owners([0])
                     if mode == "sram":
                         for tenant, key in keys:
                             client.delete(
@@ -580,6 +630,7 @@ def _sweep(
                             "frags_pool": int(conn.get("frags_pool", 0)),
                             "frags_stream": int(conn.get("frags_stream", 0)),
                             "repairs": int(conn.get("repairs", 0)),
+                            "load_s": round(float(conn.get("load_s", 0.0)), 5),
                             "chunks_failed": int(conn.get("chunks_failed", 0)),
                             "first_logprob": r["first_logprob"],
                             "tokens": " ".join(map(str, r["tokens"])),
@@ -593,7 +644,8 @@ def _sweep(
                     points.append({
                         "mode": mode, "n": n, "rep": rep,
                         "ttft_p50_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
-                        "pool_tx_bytes": pool_tx, "prefix_bytes": len(blob),
+                        "pool_tx_bytes": pool_tx, "pool_tx_max_bytes": max(tx_each),
+                        "prefix_bytes": len(blob),
                     })  # fmt: skip
                     progress(
                         f"[{done:3d}/{total}] {time.monotonic() - t0:6.1f}s mode={mode} N={n} "
@@ -615,7 +667,8 @@ def summarize(
     ``vs_local_same_n`` over the ``local`` floor at the same N (N engines computing their suffix
     at once on this machine's cores, no KV moved); ``net_ms`` is the difference, the time the
     KV's journey adds, and ``net_vs_lone`` that time over a lone engine's (pool at N = 1 minus
-    local at N = 1).
+    local at N = 1). ``load_ms`` is the median engine's time in the connector's load jobs
+    (from handing the step's chunks to the loader to the last one verified in the cache).
     """
     out = []
     lone = [p["ttft_p50_s"] for p in points if p["n"] == 1 and p["mode"] == "pool"]
@@ -643,10 +696,14 @@ def summarize(
                 "net_vs_lone": (
                     round((last - floor_s) / lone_net, 2) if floor_s and lone_net else ""
                 ),
+                "load_ms": round(statistics.median(r["load_s"] for r in rs) * 1e3, 1),
                 "loaded_tokens": round(statistics.mean(r["loaded_tokens"] for r in rs)),
                 "computed_tokens": round(statistics.mean(r["computed_tokens"] for r in rs)),
                 "pool_tx_over_prefix": round(
                     statistics.median(p["pool_tx_bytes"] / p["prefix_bytes"] for p in ps), 2
+                ),
+                "busiest_pool_over_prefix": round(
+                    statistics.median(p["pool_tx_max_bytes"] / p["prefix_bytes"] for p in ps), 2
                 ),
                 "repairs": sum(r["repairs"] for r in rs),
                 "chunks_failed": sum(r["chunks_failed"] for r in rs),
@@ -662,9 +719,10 @@ COLUMNS = [
     ("n", "N"), ("mode", "mode"), ("ttft_p50_ms", "TTFT p50 ms"),
     ("ttft_last_ms", "TTFT last ms"), ("ttft_tail_ms", "tail ms"),
     ("vs_lone_cached", "/lone"), ("vs_local_same_n", "/local"), ("net_ms", "net ms"),
-    ("net_vs_lone", "net/lone"),
+    ("net_vs_lone", "net/lone"), ("load_ms", "load ms"),
     ("loaded_tokens", "loaded"), ("computed_tokens", "computed"),
-    ("pool_tx_over_prefix", "pool tx/prefix"), ("repairs", "repairs"),
+    ("pool_tx_over_prefix", "pool tx/prefix"),
+    ("busiest_pool_over_prefix", "busiest pool/prefix"), ("repairs", "repairs"),
     ("chunks_failed", "failed"), ("outputs_equal", "= recompute"),
     ("max_logprob_diff", "max |dlogp|"),
 ]  # fmt: skip

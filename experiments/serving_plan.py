@@ -12,6 +12,7 @@ Functions:
     tokens: random prompt tokens.
     trace_requests: a trace's first requests as timed prompts.
     mode_options: the connector's options of one engine in a mode.
+    replicas: how many pool nodes hold the prefix in a mode.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from experiments.serving_engine import BLOCK_SIZE
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = 7
-MODES = ("recompute", "pool", "multicast", "sram", "local")
-DEFAULT_MODES = "recompute,pool,multicast,sram,local"
+MODES = ("recompute", "pool", "r2", "r4", "multicast", "sram", "local")
+DEFAULT_MODES = ",".join(MODES)
 
 EMU_SHAPE: dict[str, Any] = {
     "hidden_size": 1024,
@@ -206,6 +207,17 @@ def mode_options(mode: str, i: int, group: int) -> dict[str, Any]:
     """The connector's request options of engine ``i`` in ``mode`` (``group``: its group)."""
     if mode in ("recompute", "local"):
         return {"load": False, "save": False}
-    if mode == "pool":
+    if mode == "pool" or replicas(mode) > 1:
         return {"save": False}
     return {"save": False, "group": group, "role": "leader" if i == 0 else "follower"}
+
+
+def replicas(mode: str) -> int:
+    """How many pool nodes hold the prefix in ``mode``: k in ``rk`` (Mooncake replicas), else 1.
+
+    Raises:
+        ValueError: a mode that is not one of ``MODES``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+    return int(mode[1:]) if mode.startswith("r") and mode[1:].isdigit() else 1

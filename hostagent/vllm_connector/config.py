@@ -70,6 +70,20 @@ def _address(value: Any, name: str) -> Address | None:
     return host, int(port)
 
 
+def _addresses(value: Any, name: str) -> tuple[Address, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ConnectorConfigError(f"{name}: {value!r} is not a list of 'host:port'")
+    out = []
+    for i, item in enumerate(value):
+        addr = _address(item, f"{name}[{i}]")
+        if addr is None:
+            raise ConnectorConfigError(f"{name}[{i}] is empty")
+        out.append(addr)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
     """The connector's settings (``kv_connector_extra_config``).
@@ -77,6 +91,9 @@ class ConnectorConfig:
     Attributes:
         service: the switch VIP ``(host, port)`` GETs go to first (``"service": "host:port"``).
         pool: a pool node asked directly when the service path fails (``"pool"``).
+        pools: the other pool nodes the switch may send this engine's GETs to (``"pools":
+            ["host:port", ...]``): the fetch client takes DATA and NACKs only from the switch,
+            ``pool`` and these, so every pool node of the fabric must be named.
         tenant: the wire tenant id of requests without a ``cache_salt`` (``"tenant"``).
         tenants: wire tenant id per ``cache_salt`` (``"tenants": {"salt": id}``); a salt not
             listed uses ``tenant`` (the salt is hashed into the keys either way).
@@ -115,6 +132,7 @@ class ConnectorConfig:
 
     service: Address | None = None
     pool: Address | None = None
+    pools: tuple[Address, ...] = ()
     tenant: int = 0
     tenants: Mapping[str, int] = field(default_factory=dict)
     pool_backend: str = "mooncake"
@@ -154,6 +172,7 @@ class ConnectorConfig:
         cfg = cls(
             service=_address(extra.get("service"), "service"),
             pool=_address(extra.get("pool"), "pool"),
+            pools=_addresses(extra.get("pools"), "pools"),
             tenant=tenant,
             tenants=tenants,
             pool_backend=str(extra.get("pool_backend", "mooncake")),

@@ -195,6 +195,8 @@ class KvcastWorker:
                 extra["bind"] = self.config.bind
             if self.config.mac_keys:
                 extra["mac_keys"] = self.config.mac_keys
+            if self.config.pools:
+                extra["pool_addrs"] = self.config.pools
             self._client = FetchClient(
                 self.config.service,
                 self.config.pool,

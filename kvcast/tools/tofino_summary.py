@@ -14,6 +14,8 @@ P4Info and the compiler's resource logs there and writes ``summary.json`` from t
   records them (``-DCPU_PORT_NUM=320`` for a 4-pipe part), less the compiler's own version
   macros; ``cpu_port`` is the CPU port the program was compiled for (the define where given,
   else ``sizes.p4``'s);
+* ``pipes_served``: how many pipes the compiler's ``.conf`` loads the program on (its
+  ``pipe_scope``: 0-3, every pipe of a Tofino-1 part);
 * ``source_sha256``: every input of the compile (:func:`source_sha256`: every file under
   ``p4src/tna`` and ``p4src/shared``, and the defines), which a test recomputes, so a summary
   older than the sources, or made with other defines, fails CI.
@@ -40,8 +42,6 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("p4src/tna", "p4src/shared")
 # Tofino-1: 12 stages; per stage 80 SRAM blocks, 24 TCAM blocks, 4 stateful ALUs.
 STAGES = 12
-# Pipes of the largest Tofino-1 part; the program serves any number (one fan-out port each).
-PIPES_OF_PART = 4
 # What the compiler writes that the summary keeps, by where it is in the build directory.
 COPIED = {
     "kvcast.p4info.txtpb": "kvcast.p4info.txtpb",
@@ -99,6 +99,28 @@ def _stage_rows(resources: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: int(r["stage"]))
 
 
+def _pipe_scope(build: Path) -> set[int]:
+    """The pipes the compiler's ``.conf`` loads the program on (every pipeline's scope).
+
+    Raises:
+        ValueError: no ``.conf``, or one without a pipeline scope.
+    """
+    confs = sorted(build.glob("*.conf"))
+    if len(confs) != 1:
+        raise ValueError(f"{build}: expected one compiler .conf, found {len(confs)}")
+    doc = json.loads(confs[0].read_text())
+    pipes = {
+        int(p)
+        for device in doc.get("p4_devices", [])
+        for program in device.get("p4_programs", [])
+        for pipeline in program.get("p4_pipelines", [])
+        for p in pipeline.get("pipe_scope", [])
+    }
+    if not pipes:
+        raise ValueError(f"{confs[0]}: no pipe_scope in its p4_pipelines")
+    return pipes
+
+
 def summarize(build: Path, repo: Path = REPO) -> dict[str, Any]:
     """The summary of a ``bf-p4c`` output directory.
 
@@ -134,9 +156,10 @@ def summarize(build: Path, repo: Path = REPO) -> dict[str, Any]:
         "kv_bytes_per_pipe": sizes["FRAG_BYTES"] * sizes["NUM_FRAG_SLOTS"],
         "cache_entries": sizes["CACHE_ENTRIES"],
         "cpu_port": int(str(overrides.get("CPU_PORT_NUM", sizes["CPU_PORT_NUM"])), 0),
-        "pipes_served": PIPES_OF_PART,
-        "pipes_how": "each WRITE is multicast to one fan-out port per pipe (WRITE_FANOUT_GROUP) "
-        "and stored by every pipe's ingress; any pipe count is served",
+        "pipes_served": len(_pipe_scope(build)),
+        "pipes_how": "the compiler's .conf loads the program on these pipes (pipe_scope); each "
+        "WRITE is multicast to one fan-out port per pipe (WRITE_FANOUT_GROUP) and stored by "
+        "every pipe's ingress",
         "stage_map": stages,
     }
 

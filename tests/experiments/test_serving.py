@@ -10,7 +10,8 @@ Checked (bytes, tokens and counters, which the modes fix exactly; no times):
 - through the connector (from the pool, from the group's multicast stream, from switch SRAM)
   each engine loads the whole prefix and computes only its suffix;
 - the pool sends the prefix once per engine by unicast, once in all with multicast, not at all
-  from SRAM, where the leader's fragments all come from the switch;
+  from SRAM, where the leader's fragments all come from the switch; with the prefix on two
+  replicas (Mooncake's answer, ``r2``), both pool nodes send part of every engine's prefix;
 - a chunk whose pool copy went bad (MAC keys on) is recomputed from that block on, with the
   same output;
 - with the pool node and its Mooncake master killed after publishing, every engine computes
@@ -49,7 +50,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("serving")
     model = make_model(out / "model")
     plan = Plan(
-        ns=[N], modes=["recompute", "pool", "multicast", "sram"], repeats=1,
+        ns=[N], modes=["recompute", "pool", "r2", "multicast", "sram"], repeats=1,
         prefix=PREFIX, suffix=SUFFIX, max_tokens=4,
     )  # fmt: skip
     got: dict[str, Any] = run(
@@ -72,7 +73,7 @@ def point(result: dict[str, Any], mode: str) -> dict[str, Any]:
 
 
 def test_every_engine_gives_the_output_of_a_full_prefill_in_every_mode(result: dict) -> None:
-    for mode in ("pool", "multicast", "sram"):
+    for mode in ("pool", "r2", "multicast", "sram"):
         for r in rows(result, mode):
             assert r["same_as_recompute"] is True, (mode, r)
 
@@ -80,7 +81,7 @@ def test_every_engine_gives_the_output_of_a_full_prefill_in_every_mode(result: d
 def test_through_the_connector_each_engine_computes_only_its_suffix(result: dict) -> None:
     for r in rows(result, "recompute"):
         assert r["loaded_tokens"] == 0 and r["computed_tokens"] == PREFIX + SUFFIX
-    for mode in ("pool", "multicast", "sram"):
+    for mode in ("pool", "r2", "multicast", "sram"):
         for r in rows(result, mode):
             assert r["loaded_tokens"] == PREFIX, (mode, r)
             assert r["computed_tokens"] == SUFFIX, (mode, r)
@@ -93,6 +94,17 @@ def test_the_pool_sends_the_prefix_per_engine_once_in_all_or_not_at_all(result: 
     assert N * prefix <= point(result, "pool")["pool_tx_bytes"] < N * prefix * 1.3
     assert prefix <= point(result, "multicast")["pool_tx_bytes"] < prefix * 1.3
     assert point(result, "sram")["pool_tx_bytes"] < prefix * 0.05
+
+
+def test_two_replicas_each_serve_part_of_every_engine_s_prefix(result: dict) -> None:
+    got = point(result, "r2")
+    prefix = got["prefix_bytes"]
+    # Every engine still takes the whole prefix from the pool nodes, chunks and MAC objects...
+    assert N * prefix <= got["pool_tx_bytes"] < N * prefix * 1.3
+    # ...spread over both replicas by bucket, where pool mode has one node send it all.
+    assert got["pool_tx_max_bytes"] < 0.9 * got["pool_tx_bytes"]
+    pool = point(result, "pool")
+    assert pool["pool_tx_max_bytes"] > 0.99 * pool["pool_tx_bytes"]
 
 
 def test_group_members_take_the_stream_and_sram_answers_the_leader(result: dict) -> None:
@@ -119,8 +131,11 @@ def test_the_experiment_names_its_setup(result: dict, tmp_path: Path) -> None:
     setup = result["setup"]
     assert setup["switch"] == "RefSwitch" and setup["link_mbit"] == 200.0
     summary = summarize(result["points"], result["rows"])
-    assert {r["mode"] for r in summary} == {"recompute", "pool", "multicast", "sram"}
+    assert {r["mode"] for r in summary} == {"recompute", "pool", "r2", "multicast", "sram"}
     assert all(r["outputs_equal"] is True for r in summary if r["mode"] != "recompute")
+    assert "busiest pool/prefix" in format_table(summary)
+    load = {r["mode"]: r["load_ms"] for r in summary}
+    assert load["recompute"] == 0 and all(load[m] > 0 for m in ("pool", "r2", "multicast"))
     assert "TTFT p50 ms" in format_table(summary)
     plot(summary, tmp_path / "ttft.png", "test")
     assert (tmp_path / "ttft.png").stat().st_size > 1000

@@ -373,6 +373,19 @@ def test_unknown_settings_and_missing_addresses_are_refused(model_dir: Path) -> 
         Engine(model_dir, {})
     with pytest.raises(ConnectorConfigError, match="load_budget_us_per_token must be positive"):
         Engine(model_dir, {"service": "127.0.0.1:9", "load_budget_us_per_token": -1})
+    with pytest.raises(ConnectorConfigError, match=r"pools\[1\]: 'x' is not 'host:port'"):
+        Engine(model_dir, {"service": "127.0.0.1:9", "pools": ["10.0.1.2:9", "x"]})
+    with pytest.raises(ConnectorConfigError, match="pools: '10.0.1.2:9' is not a list"):
+        Engine(model_dir, {"service": "127.0.0.1:9", "pools": "10.0.1.2:9"})
+
+
+def test_the_other_pool_nodes_are_read_from_the_config() -> None:
+    from hostagent.vllm_connector.config import ConnectorConfig
+
+    cfg = ConnectorConfig.from_extra(
+        {"service": "127.0.0.1:9", "pool": "10.0.1.1:19286", "pools": ["10.0.1.2:19286"]}
+    )
+    assert cfg.pool == ("10.0.1.1", 19286) and cfg.pools == (("10.0.1.2", 19286),)
 
 
 # ------------------------------------------------------------------------------ worker side

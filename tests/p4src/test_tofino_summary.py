@@ -89,6 +89,9 @@ def _fake_build(tmp_path: Path, defines: list[str]) -> Path:
         "programs": [{"source_files": {"defines": ["__TARGET_TOFINO__=1", "__p4c__=1", *defines]}}],
     }
     (build / "manifest.json").write_text(json.dumps(manifest))
+    pipeline = {"p4_pipeline_name": "pipe", "pipe_scope": [0, 1, 2, 3]}
+    conf = {"p4_devices": [{"p4_programs": [{"p4_pipelines": [pipeline]}]}]}
+    (build / "kvcast.conf").write_text(json.dumps(conf))
     return build
 
 
@@ -104,6 +107,18 @@ def test_the_summary_records_the_defines_and_the_cpu_port_compiled_for(
     assert four_pipes["cpu_port"] == 320
     # So a summary of a CPU_PORT=320 build does not pass for the committed default build.
     assert four_pipes["source_sha256"] != default["source_sha256"]
+    assert four_pipes["pipes_served"] == 4
+
+
+def test_pipes_served_is_what_the_compilers_conf_loads_the_program_on(tmp_path: Path) -> None:
+    build = _fake_build(tmp_path, [])
+    conf = json.loads((build / "kvcast.conf").read_text())
+    conf["p4_devices"][0]["p4_programs"][0]["p4_pipelines"][0]["pipe_scope"] = [0, 1]
+    (build / "kvcast.conf").write_text(json.dumps(conf))
+    assert summarize(build)["pipes_served"] == 2
+    (build / "kvcast.conf").unlink()
+    with pytest.raises(ValueError, match="expected one compiler .conf, found 0"):
+        summarize(build)
 
 
 def test_the_program_fits_one_tofino_pipe_and_serves_every_pipe(summary: dict[str, Any]) -> None:
