@@ -51,9 +51,11 @@ Library code here never exits the process; :func:`serve` stops cleanly on SIGTER
 The daemon is a thin composition: :class:`~controlplane.intake.ReportIntake` (the report and
 class API, routing), :class:`~controlplane.intake.SwitchAccesses` (each switch's accesses),
 the policy, :class:`~controlplane.apply.DecisionApplier` (the writes),
-:class:`~controlplane.pusher.EnginePusher` (the engine pushes) and
-:class:`~controlplane.metrics.ControllerMetrics`; each switch is a
-:class:`~controlplane.runtime.SwitchRuntime`. It logs under ``controlplane.daemon``.
+:class:`~controlplane.pusher.EnginePusher` (the engine pushes),
+:class:`~controlplane.metrics.ControllerMetrics` and, on a leaf-spine fabric,
+:class:`~controlplane.fabric.FabricTrees` (every multicast group one tree across the switches;
+spine failover); each switch is a :class:`~controlplane.runtime.SwitchRuntime`. It logs under
+``controlplane.daemon``.
 
 Classes:
     Controller: the daemon (start, tick, stop, report intake, push planning, status).
