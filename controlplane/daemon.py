@@ -217,6 +217,8 @@ class Controller:
                 self._metrics_api.start()
             self._started_at = self._clock()
             await self.fleet.start()
+            if self.fabric is not None:
+                await self.fabric.start()
             for rt in self.switches.values():
                 self._tasks.append(
                     asyncio.create_task(rt.collect_digests(), name=f"{rt.name}-digests")

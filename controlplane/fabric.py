@@ -17,6 +17,10 @@ forgotten (its next session deletes what it still holds); then the leaves' route
 MODIFY each. When the spine's next session has re-pushed its state (as for any restarted
 switch), it is put back in service and routes and trees spread again the same way.
 
+A spine that has no session ``absent_grace_s`` after the daemon started (dead, or
+unreachable, when the daemon came up) is taken out of service the same way, and comes back the
+same way once a session of it is up.
+
 A switch that is not reachable while a tree changes is skipped: its part is written by its
 next session (this module's driver re-installs every tree's part on each switch after the
 multicast driver reconciled it).
@@ -52,6 +56,10 @@ __all__ = ["FabricTrees"]
 
 _LOG = logging.getLogger("controlplane.daemon")
 
+ABSENT_GRACE_S = 5.0
+"""How long after the start a spine may take to reach its first session before it is taken
+out of service (the others' first sessions take well under a second on loopback)."""
+
 Tree = dict[str, list[tuple[int, int]]]
 
 
@@ -66,6 +74,8 @@ class FabricTrees:
         switches: every switch of the fabric, by name.
         metrics: where to count moves and show the spines in service.
         group_ids: the multicast group ids trees may use (one id on every switch).
+        absent_grace_s: how long after :meth:`start` a spine may take to reach its first
+            session before it is taken out of service.
     """
 
     def __init__(
@@ -74,8 +84,10 @@ class FabricTrees:
         switches: Mapping[str, SwitchRuntime],
         metrics: ControllerMetrics,
         group_ids: range = range(1, c.WRITE_FANOUT_GROUP),
+        absent_grace_s: float = ABSENT_GRACE_S,
     ) -> None:
         self.plan = plan
+        self._absent_grace_s = absent_grace_s
         self._switches = switches
         self._metrics = metrics
         self._ids = GroupIds(group_ids)
@@ -298,10 +310,23 @@ class FabricTrees:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def take_spine_down(self, spine: str) -> None:
+    async def start(self) -> None:
+        """Starts watching for spines without a first session (after the fleet started)."""
+        self._schedule(self._absent_spines(), "absent")
+
+    async def _absent_spines(self) -> None:
+        await asyncio.sleep(self._absent_grace_s)
+        for spine in self.plan.spines:
+            await self.take_spine_down(spine, unless_in_session=True)
+
+    async def take_spine_down(self, spine: str, unless_in_session: bool = False) -> None:
         """Moves every route and tree off ``spine``, make before break (module docstring).
 
         The last spine in service stays (there is nowhere to move to); that is logged.
+
+        Args:
+            spine: the spine.
+            unless_in_session: leave it in service if it has a session now.
 
         Raises:
             ConfigError: not a spine of this fabric.
@@ -310,6 +335,8 @@ class FabricTrees:
             raise ConfigError(f"{spine!r} is not a spine")
         async with self._lock:
             if spine in self.plan.down_spines:
+                return
+            if unless_in_session and spine in self._installed:
                 return
             if set(self.plan.live_spines()) <= {spine}:
                 _LOG.error(

@@ -3,7 +3,8 @@
 Four reference-target switch processes (leaves s1 and s2, spines s3 and s4), started for real,
 are driven by one daemon; the groups, group members and routes are read back from each switch
 over P4Runtime. A spine killed (SIGKILL) has its trees and routes moved to the other spine by
-the daemon; started again (empty), it is re-pushed and they come back.
+the daemon; started again (empty), it is re-pushed and they come back. A spine that is dead when
+the daemon starts is out of service once its grace period passed, until it comes up.
 
 Layout: hosts h1 h2 on ports 1 2 of s1, h3 h4 on ports 1 2 of s2; pool node p1 on port 5 of
 s1, p2 on port 5 of s2; each leaf's port 3 faces s3 and port 4 faces s4, a spine's port l
@@ -259,3 +260,31 @@ def test_a_killed_spine_has_its_trees_and_routes_moved_and_back_when_it_returns(
             await ctl.stop()
 
     run(main(), limit_s=240)
+
+
+def test_a_spine_dead_when_the_daemon_starts_is_out_of_service_until_it_comes_up(
+    fabric: Fabric,
+) -> None:
+    fabric.procs["s3"].kill()
+
+    async def main() -> None:
+        ctl = Controller(fabric.config)
+        await ctl.start()
+        try:
+            for name in ("s1", "s2", "s4"):
+                await ctl.switches[name].client.wait_ready(10)
+            trees = ctl.fabric
+            assert trees is not None
+            # No session of s3 within the grace period: out of service, routes through s4.
+            await until(lambda: moves(ctl, "spine_down") == 1, "s3 taken out of service")
+            assert fabric.route("s2", "h1") == (UP["s4"], _mac(MAC["s4"]))
+            g1 = await trees.create_group(["h1", "h3"], pool="p1")
+            assert fabric.groups("s4") == {g1: [(1, 0), (2, 0)]}
+            await asyncio.to_thread(fabric.procs["s3"].start_again)
+            await until(lambda: moves(ctl, "spine_up") == 1, "s3 in service", 90)
+            assert fabric.groups("s3") == {g1: [(1, 0), (2, 0)]}
+            assert fabric.route("s2", "h1") == (UP["s3"], _mac(MAC["s3"]))
+        finally:
+            await ctl.stop()
+
+    run(main(), limit_s=180)
