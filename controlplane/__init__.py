@@ -37,6 +37,8 @@ Modules and subpackages (each layer replaceable):
         chunks it has heard of.
     intake: the report and class API's intake, and each tick's accesses of a switch.
     apply: a policy's decision turned into switch writes.
+    fabric: on a leaf-spine fabric, multicast groups as trees across the switches, and spine
+        failover.
     daemon: the ``Controller`` composing the above, and ``serve``.
     __main__: the command line (``run``, ``status``, ``validate-config``).
 """

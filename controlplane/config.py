@@ -27,8 +27,9 @@ A complete example (only ``switches`` is required; every other setting has a def
         epoch_state_file: null         # persist the epoch clock (never reuse an epoch)
         role: leaf                     # leaf | spine: a leaf-spine fabric (fabric_links)
     # A leaf-spine fabric (docs/fabric.md): one link per leaf and spine. Hosts and pool nodes
-    # hang off leaves; each switch gets routes to every node through the fabric, and its
-    # fabric ports are trusted as a fabric switch's.
+    # hang off leaves (their `switch`); each switch gets routes to every node through the
+    # fabric, and its fabric ports are trusted as a fabric switch's; multicast groups are
+    # trees across the switches, and a spine whose session is lost has them moved off it.
     fabric_links: []                   # e.g. - {leaf: s1, leaf_port: 9, spine: s3, spine_port: 1}
     pools:
       - {name: p1, ip: 10.0.1.1, mac: "00:00:00:00:01:01", port: 5,

@@ -51,9 +51,11 @@ Library code here never exits the process; :func:`serve` stops cleanly on SIGTER
 The daemon is a thin composition: :class:`~controlplane.intake.ReportIntake` (the report and
 class API, routing), :class:`~controlplane.intake.SwitchAccesses` (each switch's accesses),
 the policy, :class:`~controlplane.apply.DecisionApplier` (the writes),
-:class:`~controlplane.pusher.EnginePusher` (the engine pushes) and
-:class:`~controlplane.metrics.ControllerMetrics`; each switch is a
-:class:`~controlplane.runtime.SwitchRuntime`. It logs under ``controlplane.daemon``.
+:class:`~controlplane.pusher.EnginePusher` (the engine pushes),
+:class:`~controlplane.metrics.ControllerMetrics` and, on a leaf-spine fabric,
+:class:`~controlplane.fabric.FabricTrees` (every multicast group one tree across the switches;
+spine failover); each switch is a :class:`~controlplane.runtime.SwitchRuntime`. It logs under
+``controlplane.daemon``.
 
 Classes:
     Controller: the daemon (start, tick, stop, report intake, push planning, status).
@@ -78,8 +80,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from controlplane.apply import DecisionApplier
 from controlplane.chunksource import ChunkSource, ChunkUnavailableError, KvpChunkSource
 from controlplane.configspec import DaemonConfig
-from controlplane.drivers import ConsistentHashRing
+from controlplane.drivers import ConsistentHashRing, MulticastDriver
 from controlplane.errors import ControlPlaneError, SwitchUnavailableError
+from controlplane.fabric import FabricTrees
 from controlplane.intake import ReportIntake, RoutedReport, SwitchAccesses
 from controlplane.metrics import ControllerMetrics
 from controlplane.p4rt import SwitchFleet
@@ -126,7 +129,12 @@ class Controller:
         self.config = config
         self.metrics = metrics or ControllerMetrics()
         self._clock = clock
-        self.switches = {s.name: SwitchRuntime(s, config, self.metrics) for s in config.switches}
+        plan = config.fabric_plan()
+        self.switches = {
+            s.name: SwitchRuntime(s, config, self.metrics, plan) for s in config.switches
+        }
+        # On a leaf-spine fabric every multicast group is one tree across the switches.
+        self.fabric = FabricTrees(plan, self.switches, self.metrics) if plan is not None else None
         self.fleet = SwitchFleet(rt.client for rt in self.switches.values())
         self._source = chunk_source or self._kvp_source()
         self._keys = KeyTable()
@@ -209,6 +217,8 @@ class Controller:
                 self._metrics_api.start()
             self._started_at = self._clock()
             await self.fleet.start()
+            if self.fabric is not None:
+                await self.fabric.start()
             for rt in self.switches.values():
                 self._tasks.append(
                     asyncio.create_task(rt.collect_digests(), name=f"{rt.name}-digests")
@@ -251,6 +261,8 @@ class Controller:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.fabric is not None:
+            await self.fabric.stop()
         await self.fleet.stop()
         for api in (self._report_api, self._metrics_api):
             if api is not None:
@@ -319,7 +331,7 @@ class Controller:
         """
         for switch, group in pusher.collect(now):
             try:
-                await self.switches[switch].multicast.delete_group(group)
+                await self._groups(switch).delete_group(group)
             except ControlPlaneError as exc:
                 _LOG.warning(
                     "push group %d not deleted on %s: %s",
@@ -339,10 +351,11 @@ class Controller:
                     try:
                         if not rt.client.is_ready:
                             raise SwitchUnavailableError(name, "not ready")
-                        found = rt.multicast.group_of(hosts)
+                        groups = self._groups(name)
+                        found = groups.group_of(hosts)
                         created = found is None
                         if found is None:
-                            found = await rt.multicast.create_group(hosts)
+                            found = await groups.create_group(hosts)
                         group = found
                     except ControlPlaneError as exc:
                         pusher.cancel(name, order, hosts)  # planned again next tick
@@ -358,7 +371,11 @@ class Controller:
                     pulls[name] += order.pool_bytes
                 elif created:
                     with contextlib.suppress(ControlPlaneError):  # made for nothing
-                        await rt.multicast.delete_group(group)
+                        await self._groups(name).delete_group(group)
+
+    def _groups(self, switch: str) -> MulticastDriver | FabricTrees:
+        """Where a group of ``switch``'s hosts is made: the fabric's trees, or the switch."""
+        return self.fabric if self.fabric is not None else self.switches[switch].multicast
 
     def _plan_pushes(self, pulls: Mapping[str, int], now: float) -> None:
         """Plans and counts each switch's pushes of static chunks."""
@@ -492,6 +509,7 @@ class Controller:
                 "sram_used_bytes": stats.used * c.FRAG_BYTES,
                 "sram_budget_bytes": self.config.sram_budget_bytes,
                 "fragmentation": round(stats.fragmentation, 4),
+                "multicast_groups": len(rt.multicast.groups()),
                 "last_tick": asdict(rt.last_tick) if rt.last_tick else None,
                 "recent_demotions": list(rt.demoted)[-8:],
                 "classes": {
@@ -532,6 +550,7 @@ class Controller:
                 "waiting": self.pusher.waiting(),
             },
             "switches": switches,
+            "fabric": None if self.fabric is None else self.fabric.status(),
         }
 
 

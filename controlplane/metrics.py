@@ -189,6 +189,22 @@ class ControllerMetrics:
             "setting",
             "node",
         )
+        self.multicast_groups = gauge(
+            "multicast_groups",
+            "Multicast groups the switch holds (consumer sets; on a fabric, its part of each tree)",
+            "switch",
+        )
+        self.spine_in_service = gauge(
+            "spine_in_service",
+            "1 while a fabric spine carries routes and trees, 0 while out of service (lost)",
+            "switch",
+        )
+        self.fabric_moves = counter(
+            "fabric_moves",
+            "Times the fabric's routes and trees moved: spine_down (a spine's session was "
+            "lost), spine_up (it came back)",
+            "reason",
+        )
         self.ticks = counter("ticks", "Decision ticks run")
         self.tick_seconds = Histogram(
             p + "tick_seconds",

@@ -313,6 +313,7 @@ def _translate(
 class _Subscribers:
     packets: list[PacketHandler] = field(default_factory=list)
     digests: dict[str, list[DigestHandler]] = field(default_factory=dict)
+    lost: list[Callable[[], None]] = field(default_factory=list)
 
 
 class SwitchClient:
@@ -456,6 +457,19 @@ class SwitchClient:
             self._readers.append(asyncio.create_task(self._read_digests(digest)))
         handlers.append(handler)
         return lambda: handlers.remove(handler)
+
+    def on_session_lost(self, handler: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``handler`` when an established session's stream goes down.
+
+        Called in the event loop (keep it short: schedule the work), each time a connection
+        that had been up is lost (the switch died, restarted or became unreachable), never
+        while the client stops. The next session's driver re-install says it is back.
+
+        Returns:
+            A function that unsubscribes the handler.
+        """
+        self._subs.lost.append(handler)
+        return lambda: self._subs.lost.remove(handler)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -651,6 +665,12 @@ class SwitchClient:
         if self._state is not ConnectionState.STOPPED:
             self._state = ConnectionState.CONNECTING
         self._events.put_nowait("down")
+        if self._supervisor is not None:  # not stopping
+            for handler in list(self._subs.lost):
+                try:
+                    handler()
+                except Exception:
+                    _LOG.exception("%s: session-lost handler failed", self.name)
 
     def _on_become_backup(self, _switch: fy.Switch) -> None:
         self._ready.clear()

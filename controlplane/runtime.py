@@ -210,9 +210,8 @@ class _BaseState:
                 )
                 await rt.forwarding.add_l2(pool.mac, pool.port)
                 await rt.forwarding.set_port_role(pool.port, c.PORT_ROLE_POOL)
-            plan = cfg.fabric_plan()
-            if plan is not None:
-                await self._fabric_routes(plan)
+            if rt.plan is not None:
+                await rt.fabric_routes()
             if spec.deny_unknown_ports:
                 await rt.forwarding.deny_unknown_ports(True)
         # Tofino: every pipe stores each WRITE, which comes back in on the pipe's fan-out port.
@@ -235,25 +234,6 @@ class _BaseState:
             },
         )
 
-    async def _fabric_routes(self, plan: FabricPlan) -> None:
-        """A fabric switch's routes to the nodes off its ports, and its trusted fabric ports.
-
-        Each route's destination MAC is the next switch's router MAC (kvcast.fabric decides
-        which spine); a fabric port has the pool role: it may bring in what a switch of the
-        fabric forwards (GETs checked at their edge, DATA, NACKs), never a WRITE.
-        """
-        rt = self._rt
-        cfg = rt.config
-        spec = rt.spec
-        nodes = [(h.name, h.ip) for h in cfg.hosts] + [(p.name, p.ip) for p in cfg.pools]
-        for name, ip in nodes:
-            port, via = plan.next_hop(spec.name, name)
-            if via is not None:
-                next_mac = cfg.switch(via).router_mac
-                await rt.forwarding.add_route(Route(f"{ip}/32", port, spec.router_mac, next_mac))
-        for port in plan.fabric_ports(spec.name):
-            await rt.forwarding.set_port_role(port, c.PORT_ROLE_POOL)
-
 
 class SwitchRuntime:
     """One switch: its client and drivers, its policy, and what the controller tracks of it.
@@ -262,12 +242,21 @@ class SwitchRuntime:
         spec: the switch.
         config: the whole configuration.
         metrics: where to count.
+        plan: the fabric's plan, shared by every switch of the fabric (which spines are in
+            service is its state), or None without a fabric.
     """
 
-    def __init__(self, spec: SwitchSpec, config: DaemonConfig, metrics: ControllerMetrics):
+    def __init__(
+        self,
+        spec: SwitchSpec,
+        config: DaemonConfig,
+        metrics: ControllerMetrics,
+        plan: FabricPlan | None = None,
+    ):
         self.spec = spec
         self.config = config
         self.metrics = metrics
+        self.plan = plan
         self.client = SwitchClient(
             SwitchConfig(
                 name=spec.name,
@@ -331,11 +320,40 @@ class SwitchRuntime:
         }
         metrics.connected.labels(spec.name).set_function(lambda: float(self.client.is_ready))
         metrics.sram_budget.labels(spec.name).set(config.sram_budget_bytes)
+        metrics.multicast_groups.labels(spec.name).set_function(
+            lambda: float(len(self.multicast.groups()))
+        )
 
     @property
     def name(self) -> str:
         """The switch's name."""
         return self.spec.name
+
+    async def fabric_routes(self) -> None:
+        """A fabric switch's routes to the nodes off its ports, and its trusted fabric ports.
+
+        Each route's destination MAC is the next switch's router MAC (:attr:`plan` decides
+        which spine, among those in service); a route that changed is one MODIFY, never an
+        entry-less moment. A fabric port has the pool role: it may bring in what a switch of
+        the fabric forwards (GETs checked at their edge, DATA, NACKs), never a WRITE.
+
+        Raises:
+            SwitchError: a write failed.
+        """
+        plan = self.plan
+        if plan is None or not self.spec.program_forwarding:
+            return
+        cfg = self.config
+        nodes = [(h.name, h.ip) for h in cfg.hosts] + [(p.name, p.ip) for p in cfg.pools]
+        for name, ip in nodes:
+            port, via = plan.next_hop(self.name, name)
+            if via is not None:
+                next_mac = cfg.switch(via).router_mac
+                await self.forwarding.add_route(
+                    Route(f"{ip}/32", port, self.spec.router_mac, next_mac)
+                )
+        for port in plan.fabric_ports(self.name):
+            await self.forwarding.set_port_role(port, c.PORT_ROLE_POOL)
 
     def count_class(self, key: int, figure: str, n: int = 1) -> str:
         """Adds ``n`` to one per-class figure of ``key``'s class; returns the class name."""

@@ -30,8 +30,10 @@ from emulation.switches import P4Switch, RefSwitch, default_switch_class
 from emulation.targets import BMV2_JSON_PATH
 from emulation.topo import SWITCH_MAC, FabricSpec, LeafSpineTopo, NodeAddr, fabric_addresses
 from kvcast import p4constants as c
-from kvcast.fabric import Attachment, FabricPlan, Uplink
+from kvcast.fabric import Attachment, FabricPlan, TreeStep, Uplink, tree_steps
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
+
+T_MEMBER = c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER
 
 
 class FabricCluster(Cluster):
@@ -63,7 +65,7 @@ class FabricCluster(Cluster):
                 "target (--switch refswitch)"
             )
         super().__init__(spec, switch_cls, quiet, lock_timeout_s)
-        self._trees: dict[int, dict[str, list[int]]] = {}
+        self._trees: dict[int, dict[str, list[tuple[int, int]]]] = {}
         self._members: dict[int, list[str]] = {}
         f = spec
         self.plan = FabricPlan(
@@ -265,30 +267,17 @@ class FabricCluster(Cluster):
         Each member's port on its leaf is written into ``group_member`` there: a leaf takes a
         GET naming the group only from a member.
         """
-        tree = self.tree(hosts)
-        made: dict[str, list[int]] = {}
-        for name, replicas in tree.items():
-            self.switch_node(name).client.multicast_group(group_id, replicas)
-            made[name] = []
-        for h in hosts:
-            node = self.nodes[h]
-            self.switch_node(node.switch).client.insert(
-                c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
-                {"group": group_id, "port": node.port},
-                c.ACTION_INGRESS_PORT_ROLE_MEMBER,
-                {},
-            )
-            made[node.switch].append(node.port)
-        self._trees[group_id] = made
-        self._members[group_id] = list(hosts)
+        self._trees[group_id] = {}
+        self._members[group_id] = []
+        self._retree(group_id, hosts)
 
     def update_group(self, group_id: int, hosts: list[str]) -> None:
         """Hosts join and leave a tree made by :meth:`add_group`, make before break.
 
-        The group is created on every switch the new tree adds, then changed in one update on
-        every switch both trees cross, then deleted from the switches the new tree leaves; new
-        members' ports are written into ``group_member`` first, those of members that left are
-        removed last.
+        The writes of :func:`~kvcast.fabric.tree_steps`: the group created on every switch the
+        new tree adds, new members' ports written into ``group_member``, the group changed in
+        one update where both trees cross, deleted from the switches the new tree leaves, and
+        the ports of members that left removed last.
 
         Raises:
             KeyError: no such tree.
@@ -297,54 +286,42 @@ class FabricCluster(Cluster):
 
     def _retree(self, group_id: int, hosts: list[str]) -> None:
         """:meth:`update_group`'s work; a switch that is dead is only forgotten."""
-        made = self._trees[group_id]
         tree = self.tree(hosts)
-        created = [name for name in tree if name not in made]
-        for name in created:
-            self.switch_node(name).client.multicast_group(group_id, tree[name])
-            made[name] = []
-        wanted = {(self.nodes[h].switch, self.nodes[h].port) for h in hosts}
-        for switch, port in sorted(wanted):
-            if port not in made[switch]:
-                self.switch_node(switch).client.insert(
-                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER,
-                    {"group": group_id, "port": port},
-                    c.ACTION_INGRESS_PORT_ROLE_MEMBER,
-                    {},
-                )
-                made[switch].append(port)
-        for name, replicas in tree.items():
-            if name not in created:
-                self.switch_node(name).client.multicast_group(
-                    group_id, replicas, update=p4r.Update.MODIFY
-                )
-        for name in [n for n in made if n not in tree]:
-            ports = made.pop(name)
-            if not self._alive(name):
-                continue
-            for port in ports:
-                self.switch_node(name).client.delete(
-                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
-                )
-            self.switch_node(name).client.multicast_group(group_id, [], update=p4r.Update.DELETE)
-        for name, ports in made.items():
-            for port in [p for p in ports if (name, p) not in wanted]:
-                self.switch_node(name).client.delete(
-                    c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port}
-                )
-                ports.remove(port)
+        self._write_steps(
+            group_id,
+            tree_steps(
+                self._trees[group_id],
+                tree,
+                self.plan.edge_ports(self._members[group_id]),
+                self.plan.edge_ports(hosts),
+            ),
+        )
+        self._trees[group_id] = tree
         self._members[group_id] = list(hosts)
+
+    def _write_steps(self, group_id: int, steps: list[TreeStep]) -> None:
+        """Writes a tree change over P4Runtime (removals on a dead switch are skipped)."""
+        for step in steps:
+            if step.op in ("unmember", "delete") and not self._alive(step.switch):
+                continue  # a dead switch lost its groups with its state
+            cl = self.switch_node(step.switch).client
+            member = {"group": group_id, "port": step.port}
+            if step.op == "create":
+                cl.multicast_group(group_id, step.replicas)
+            elif step.op == "modify":
+                cl.multicast_group(group_id, step.replicas, update=p4r.Update.MODIFY)
+            elif step.op == "delete":
+                cl.multicast_group(group_id, [], update=p4r.Update.DELETE)
+            elif step.op == "member":
+                cl.insert(T_MEMBER, member, c.ACTION_INGRESS_PORT_ROLE_MEMBER, {})
+            else:
+                cl.delete(T_MEMBER, member)
 
     def remove_group(self, group_id: int) -> None:
         """Deletes a tree made by :meth:`add_group` and its membership entries."""
-        self._members.pop(group_id, None)
-        for name, ports in self._trees.pop(group_id, {}).items():
-            if not self._alive(name):
-                continue  # a dead switch lost its groups with its state
-            cl = self.switch_node(name).client
-            cl.multicast_group(group_id, [], update=p4r.Update.DELETE)
-            for port in ports:
-                cl.delete(c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER, {"group": group_id, "port": port})
+        old = self._trees.pop(group_id, {})
+        members = self._members.pop(group_id, [])
+        self._write_steps(group_id, tree_steps(old, {}, self.plan.edge_ports(members), ()))
 
 
 def bmv2_prunes_transit() -> bool:

@@ -23,18 +23,28 @@ the same plan, so what the emulation measures is what the controller installs.
   under it (their GETs never reach a spine); else the tree's spine. A hit there goes down the
   same tree. Where that switch is full, the next switch every GET crosses toward the pool node
   will do (``cache_path``); the pool node's leaf is always on it.
+- **Tree changes** (hosts join or leave, a spine or link goes out of service or comes back):
+  make before break, as the ordered writes ``tree_steps`` lists: the group created on every
+  switch the new tree adds, new members' ports written into ``group_member``, the group
+  changed in one update where both trees cross and differ, then the switches the tree leaves
+  (their member ports, then their group) and last the ports of members that left.
 
 Classes:
     Attachment: a host or pool node on a leaf port.
     Uplink: one leaf-spine link, with the port at each end.
     FabricPlan: the plan; which spines are in service is its only state.
+    TreeStep: one write of a tree change.
+
+Functions:
+    tree_steps: the ordered writes that turn one tree into another, make before break.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -223,6 +233,10 @@ class FabricPlan:
             ]
         return tree
 
+    def edge_ports(self, members: Iterable[str]) -> set[tuple[str, int]]:
+        """The ``(leaf, port)`` of each of ``members``: where its ``group_member`` entry goes."""
+        return {(self.nodes[h].switch, self.nodes[h].port) for h in members}
+
     def cache_switch(self, members: Iterable[str], pool: str) -> str:
         """Where the GETs of ``members`` toward ``pool`` first meet (module docstring)."""
         return self.cache_path(members, pool)[0]
@@ -243,3 +257,61 @@ class FabricPlan:
         spines = {self.route_spine(pool_leaf, leaf) for leaf in leaves}
         via = [spines.pop()] if len(spines) == 1 else []
         return [*leaves, *via, pool_leaf] if len(leaves) == 1 else [*via, pool_leaf]
+
+
+TreeOp = Literal["create", "member", "modify", "unmember", "delete"]
+
+
+@dataclass(frozen=True)
+class TreeStep:
+    """One write of a tree change on one switch.
+
+    Attributes:
+        op: ``create`` / ``modify`` (the switch's replication group: ``replicas``),
+            ``delete`` (the group), ``member`` / ``unmember`` (the ``group_member`` entry of
+            ``port``).
+        switch: the switch written.
+        replicas: the group's ``(port, replica id)`` (create and modify).
+        port: the member port (member and unmember).
+    """
+
+    op: TreeOp
+    switch: str
+    replicas: tuple[tuple[int, int], ...] = ()
+    port: int = 0
+
+
+def tree_steps(
+    old: Mapping[str, Sequence[tuple[int, int]]],
+    new: Mapping[str, Sequence[tuple[int, int]]],
+    old_members: Iterable[tuple[str, int]],
+    new_members: Iterable[tuple[str, int]],
+) -> list[TreeStep]:
+    """The writes that turn tree ``old`` into ``new``, in make-before-break order.
+
+    A new tree is ``old = {}``; a removed one ``new = {}``. No moment of the sequence leaves a
+    member that stays without its group on its leaf or its path to the other members' leaves:
+    every switch the new tree adds gets its group first, then new members their
+    ``group_member`` entries, then the switches both trees cross change their group in one
+    update (only where it differs), then the switches the tree leaves lose their member ports
+    and their group, and last the members that left lose their ports.
+
+    Args:
+        old: the replication group on each switch of the tree now (``FabricPlan.tree``).
+        new: the same for the tree wanted.
+        old_members: ``(leaf, port)`` of each member now (``FabricPlan.edge_ports``).
+        new_members: the same for the members wanted.
+    """
+    was, want = set(old_members), set(new_members)
+    steps = [TreeStep("create", sw, tuple(reps)) for sw, reps in new.items() if sw not in old]
+    steps += [TreeStep("member", sw, port=p) for sw, p in sorted(want - was)]
+    steps += [
+        TreeStep("modify", sw, tuple(reps))
+        for sw, reps in new.items()
+        if sw in old and sorted(old[sw]) != sorted(reps)
+    ]
+    for sw in (s for s in old if s not in new):
+        steps += [TreeStep("unmember", sw, port=p) for s, p in sorted(was - want) if s == sw]
+        steps.append(TreeStep("delete", sw))
+    steps += [TreeStep("unmember", sw, port=p) for sw, p in sorted(was - want) if sw in new]
+    return steps

@@ -13,15 +13,22 @@ set (hosts fetching the same prefix together) gets one group whose replicas are 
 ``(port, replica id)``. Group ids are handed out round-robin rather than lowest-first, so a
 deleted group's id is not reused at once while a host may still put it in a GET.
 
+On a leaf-spine fabric a group is one tree over several switches (controlplane.fabric), under
+one id on all of them: there the caller names the id (:meth:`MulticastDriver.put_group`), the
+switch's part of the tree is its member hosts plus fabric ports (replica id 0, sent as is:
+a leaf's uplink, a spine's downlinks), and ``group_member`` entries are written port by port
+in the tree change's order.
+
 Classes:
     HostEndpoint: a host that can be a group member (where replicas go).
+    GroupIds: multicast group ids handed out round-robin.
     MulticastDriver: hosts (replica ids, replica_dst), groups (create / update / delete, one
-        per consumer set), re-installed after a reconnect.
+        per consumer set, or a fabric tree's part by id), re-installed after a reconnect.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +68,36 @@ def _rid_key(rid: int) -> MatchKey:
     return (("rid", rid),)
 
 
+def _member_key(gid: int, port: int) -> MatchKey:
+    return (("group", gid), ("port", port))
+
+
+class GroupIds:
+    """Multicast group ids handed out round-robin, so a freed id is not reused at once.
+
+    Args:
+        ids: the ids it may hand out.
+    """
+
+    def __init__(self, ids: range) -> None:
+        self.ids = ids
+        self._next = 0  # index into ids of the next id to try
+
+    def take(self, used: Container[int]) -> int:
+        """The next id after the last one taken that is not in ``used``.
+
+        Raises:
+            ResourceExhaustedError: every id is used.
+        """
+        n = len(self.ids)
+        for step in range(n):
+            gid = self.ids[(self._next + step) % n]
+            if gid not in used:
+                self._next = (self._next + step + 1) % n
+                return gid
+        raise ResourceExhaustedError(f"all {n} multicast group ids are in use")
+
+
 class MulticastDriver:
     """Replica ids and replica_dst entries for hosts; multicast groups for consumer sets.
 
@@ -90,12 +127,13 @@ class MulticastDriver:
         self._client = client
         self._replica_dst = TableMirror(client, TABLE)
         self._members = TableMirror(client, T_MEMBER)
-        self._group_ids = group_ids
+        self._group_ids = GroupIds(group_ids)
         self._replica_ids = replica_ids
         self._hosts: dict[str, HostEndpoint] = {}
         self._rids: dict[str, int] = {}
         self._groups: dict[int, frozenset[str]] = {}
-        self._next_group = 0  # index into group_ids of the next id to try
+        # A fabric tree's fabric ports on this switch, by group (replica id 0).
+        self._fabric: dict[int, tuple[int, ...]] = {}
         self._fanout: tuple[int, ...] = ()  # the WRITE fan-out ports (Tofino), one per pipe
 
     # ------------------------------------------------------------------ state
@@ -239,7 +277,66 @@ class MulticastDriver:
             raise NotInstalledError(f"no multicast group {gid}")
         await self._client.write([-fy.P4MulticastGroupEntry(gid)])
         del self._groups[gid]
+        self._fabric.pop(gid, None)
         await self._write_members(gid, frozenset())
+
+    # ------------------------------------------------------------------ fabric trees
+    async def put_group(self, gid: int, hosts: Iterable[str], fabric_ports: Iterable[int]) -> None:
+        """Makes group ``gid`` replicate to these hosts and fabric ports: a tree's part here.
+
+        Inserted when new, modified in one update when it differs, nothing sent when it does
+        not. ``group_member`` is left alone (:meth:`add_member_port`).
+
+        Raises:
+            NotInstalledError: a host is not registered.
+            ConfigError: neither hosts nor fabric ports.
+            SwitchError: the write failed (nothing changed).
+        """
+        wanted = frozenset(hosts)
+        ports = tuple(sorted(set(fabric_ports)))
+        if not ports:
+            wanted = self._check_members(wanted)
+        elif wanted - set(self._hosts):
+            raise NotInstalledError(f"hosts {sorted(wanted - set(self._hosts))} not registered")
+        known = gid in self._groups
+        if known and self._groups[gid] == wanted and self._fabric.get(gid, ()) == ports:
+            return
+        entry = fy.P4MulticastGroupEntry(gid, replicas=self._replicas(wanted, ports))
+        await self._client.write([~entry if known else +entry])
+        self._groups[gid] = wanted
+        self._fabric[gid] = ports
+
+    async def add_member_port(self, gid: int, port: int) -> None:
+        """Lets the host on ``port`` name group ``gid`` in a GET (its ``group_member`` entry).
+
+        Raises:
+            SwitchError: the write failed.
+        """
+        await self._members.apply(puts=[EntrySpec.of(dict(_member_key(gid, port)), A_MEMBER, {})])
+
+    async def remove_member_port(self, gid: int, port: int) -> None:
+        """Removes the ``group_member`` entry of ``port`` for group ``gid``.
+
+        Raises:
+            SwitchError: the write failed.
+        """
+        await self._members.apply(removes=[_member_key(gid, port)])
+
+    def forget_member_port(self, gid: int, port: int) -> None:
+        """Drops one ``group_member`` entry from what the switch should hold, writing nothing."""
+        self._members.forget(_member_key(gid, port))
+
+    def forget_group(self, gid: int) -> None:
+        """Drops group ``gid`` and its member ports from what the switch should hold.
+
+        Writes nothing: the switch is unreachable, and its next session deletes what it still
+        has.
+        """
+        self._groups.pop(gid, None)
+        self._fabric.pop(gid, None)
+        for spec in self._members.specs():
+            if dict(spec.match)["group"] == gid:
+                self._members.forget(spec.match)
 
     async def set_write_fanout(self, ports: Iterable[int]) -> None:
         """Makes group ``WRITE_FANOUT_GROUP`` replicate a WRITE to these ports (one per pipe).
@@ -278,7 +375,9 @@ class MulticastDriver:
                 installed[ent.multicast_group_id] = tuple(
                     sorted(_replica_tuple(r) for r in ent.replicas)
                 )
-        wanted = {g: tuple(self._replicas(m)) for g, m in self._groups.items()}
+        wanted = {
+            g: tuple(self._replicas(m, self._fabric.get(g, ()))) for g, m in self._groups.items()
+        }
         if self._fanout:
             wanted[c.WRITE_FANOUT_GROUP] = tuple((p, 0) for p in self._fanout)
         orphans = sorted(set(installed) - set(wanted))
@@ -305,16 +404,13 @@ class MulticastDriver:
         return wanted
 
     def _free_group_id(self) -> int:
-        n = len(self._group_ids)
-        for step in range(n):
-            gid = self._group_ids[(self._next_group + step) % n]
-            if gid not in self._groups:
-                self._next_group = (self._next_group + step + 1) % n
-                return gid
-        raise ResourceExhaustedError(f"all {n} multicast group ids are in use")
+        return self._group_ids.take(self._groups)
 
-    def _replicas(self, members: frozenset[str]) -> list[tuple[int, int]]:
-        return sorted((self._hosts[h].port, self._rids[h]) for h in members)
+    def _replicas(
+        self, members: frozenset[str], fabric_ports: Iterable[int] = ()
+    ) -> list[tuple[int, int]]:
+        hosts = [(self._hosts[h].port, self._rids[h]) for h in members]
+        return sorted(hosts + [(port, 0) for port in fabric_ports])
 
     async def _write_members(self, gid: int, members: frozenset[str]) -> None:
         """Makes ``group_member`` hold exactly the member ports of group ``gid``."""
@@ -327,7 +423,9 @@ class MulticastDriver:
         )
 
     def _group_entry(self, gid: int, members: frozenset[str]) -> fy.P4MulticastGroupEntry:
-        return fy.P4MulticastGroupEntry(gid, replicas=self._replicas(members))
+        return fy.P4MulticastGroupEntry(
+            gid, replicas=self._replicas(members, self._fabric.get(gid, ()))
+        )
 
     async def _write_groups(
         self, groups: list[tuple[int, frozenset[str]]], *, modify: bool

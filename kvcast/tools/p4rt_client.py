@@ -486,6 +486,19 @@ class P4RuntimeClient:
         ent.table_entry.table_id = self._entity("tables", table).preamble.id
         return [e.table_entry for e in self._read(ent)]
 
+    def multicast_groups(self) -> dict[int, list[tuple[int, int]]]:
+        """Reads every multicast group as id -> sorted (egress port, instance) replicas."""
+        ent = p4r.Entity()
+        ent.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
+        return {
+            mg.multicast_group_id: sorted(
+                (_dec(r.port) if r.port else r.egress_port, r.instance) for r in mg.replicas
+            )
+            for mg in (
+                e.packet_replication_engine_entry.multicast_group_entry for e in self._read(ent)
+            )
+        }
+
     def direct_counter(self, table: str, match: Mapping[str, int | Lpm]) -> int:
         """Reads the direct counter (packets) of one entry."""
         ent = p4r.Entity()
