@@ -347,11 +347,17 @@ def run(
         hosts = cluster.hosts()
         names = [h.name for h in hosts]
         # The experiment programs its groups into the switch itself, per point (no controller
-        # serves them to the pool node): the switch's membership check guards them.
+        # serves them to the pool node): the switch's membership check guards them. Tenants:
+        # the hosts' bindings the switch holds, and the chunk reads of the agentic check's
+        # controller (pushing_daemon's management network) for any tenant.
+        from experiments.trace_replay.processes import ManagementNetwork
+
+        controller = ManagementNetwork(cluster, [*names, pool.name]).root_ip[pool.name]
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
             "--local-hostname", pool.ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
-            "--mtu", str(spec.mtu), "--any-group",
+            "--mtu", str(spec.mtu), "--any-group", *cluster.source_tenants(),
+            "--source-tenants", f"{controller}=any",
         ]  # fmt: skip
         ready = r"poolnode listening .*master=(\S+)"
         with cluster.serve(pool.name, pool_cmd, ready, 180, cwd=REPO) as listening:
