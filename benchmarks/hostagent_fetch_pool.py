@@ -119,7 +119,8 @@ def measure_mooncake(
         pool = [
             sys.executable, "-m", "poolnode", "--master", master.address, "--segment-mib", "64",
             "--host", "127.0.0.1", "--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
-            "--mtu", str(mtu), *(["--gso"] if gso else []),
+            "--mtu", str(mtu), "--source-tenants", f"127.0.0.1={TENANT}",
+            *(["--gso"] if gso else []),
         ]  # fmt: skip
         with pool_node(pool) as (port, _):
             with _stderr_to_file() as log:
@@ -217,6 +218,7 @@ def measure_multi(
     pool = [
         sys.executable, "-m", "poolnode", "--backend", "memory", "--host", "127.0.0.1",
         "--port", "0", "--mtu", str(mtu), "--cache-mib", "0",
+        "--source-tenants", f"127.0.0.1={TENANT}",
         *(a for k in keys for a in ("--preload", f"{TENANT}:{k:#x}:{nbytes}:{SEED}")),
     ]  # fmt: skip
     dsts = [torch.zeros(nbytes, dtype=torch.uint8) for _ in keys]

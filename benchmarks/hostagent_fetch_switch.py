@@ -220,6 +220,7 @@ def measure_refswitch(
                 tb.peer_ns, sys.executable, "-m", "poolnode", "--backend", "memory",
                 "--host", PEER_IP, "--port", str(c.KVP_UDP_PORT),
                 "--preload", f"{TENANT}:{KEY:#x}:{nbytes}:{SEED}",
+                "--source-tenants", f"{HOST_IP}={TENANT}",  # the client, the one sender
             )  # fmt: skip
             with pool_node(pool) as (_, pool_pid):
                 fpg = str(frags_per_data(1500))

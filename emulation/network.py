@@ -7,7 +7,8 @@ Classes:
         injectable switch class, with the switch's base program installed (routes, port roles,
         pool owners, multicast replica destinations) and the hosts' ARP filled in. A context
         manager: leaving it, by return, exception or SIGINT/SIGTERM, removes every namespace,
-        interface and process it made.
+        interface and process it made. ``source_tenants`` gives its pool nodes the hosts'
+        bindings to check GETs against.
 
 Functions:
     cleanup_leftovers: removes what an earlier run that was killed hard (SIGKILL) left behind.
@@ -242,6 +243,19 @@ class Cluster(Service):
     def pools(self) -> list[NodeAddr]:
         """Pool nodes in port order."""
         return [n for n in self.nodes.values() if n.role == "pool"]
+
+    def source_tenants(self) -> list[str]:
+        """A pool node's ``--source-tenants`` arguments for the hosts' bindings on the switch.
+
+        Each GPU host's address with the tenants its port is bound to (``spec.tenants``; ``any``
+        where the spec binds none), as the controller's ``/v1/sources`` would serve them: the
+        node then refuses a GET naming another tenant (``bad_tenants``) or from an address that
+        is no host's (``unknown_sources``). Add the controller's own address where one reads
+        chunks from the node.
+        """
+        tenants = self.spec.tenants
+        bound = "any" if tenants is None else ",".join(str(t) for t in tenants)
+        return [arg for h in self.hosts() for arg in ("--source-tenants", f"{h.ip}={bound}")]
 
     # ------------------------------------------------------------------ setup
     def _set_mtu(self) -> None:

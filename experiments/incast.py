@@ -512,9 +512,10 @@ def serve_pools(
         ]
         # The experiment programs its groups into the switch itself, per point (no
         # controller to serve them to the node): the switch's membership check guards them.
+        # Tenants: the node checks each GET's against the hosts' bindings the switch holds.
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--port", str(c.KVP_UDP_PORT),
-            "--mtu", str(cluster.spec.mtu), "--any-group", *preload,
+            "--mtu", str(cluster.spec.mtu), "--any-group", *cluster.source_tenants(), *preload,
         ]  # fmt: skip
         if pool_backend == "mooncake":
             pool_cmd += ["--backend", "mooncake", "--start-master", "--segment-mib", "64"]

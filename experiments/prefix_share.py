@@ -161,7 +161,7 @@ def run(n_hosts: int = 3, timeout_s: float = 180.0) -> list[dict[str, Any]]:
         pool_cmd = [
             sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
             "--local-hostname", pool.ip, "--segment-mib", "64", "--port", str(c.KVP_UDP_PORT),
-            "--mtu", str(spec.mtu),
+            "--mtu", str(spec.mtu), *cluster.source_tenants(),
         ]  # fmt: skip
         ready = r"poolnode listening .*master=(\S+)"
         with cluster.serve(pool.name, pool_cmd, ready, timeout_s, cwd=REPO) as listening:

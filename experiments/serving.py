@@ -362,9 +362,16 @@ def run(
         # Every pool node runs a Mooncake master of its own: pool node 0 holds what the engines
         # publish, the others a replica's copy (experiments.serving_replicas). Only the r modes
         # spread the buckets over them; every other mode reads pool node 0.
+        # Tenants: the hosts' bindings the switch holds, and (pool node 0) the chunk reads of
+        # the agentic check's controller (pushing_daemon's management network) for any tenant.
+        from experiments.trace_replay.processes import ManagementNetwork
+
+        controller = ManagementNetwork(cluster, [*names, pool.name]).root_ip[pool.name]
         masters = [
-            stack.enter_context(_pool_node(cluster, p.name, p.ip, spec.mtu)).group(1)
-            for p in cluster.pools()
+            stack.enter_context(
+                _pool_node(cluster, p.name, p.ip, spec.mtu, [f"{controller}=any"] if i == 0 else [])
+            ).group(1)
+            for i, p in enumerate(cluster.pools())
         ]
         cluster.set_pool_owners([0])
         master = masters[0]
@@ -434,16 +441,18 @@ def run(
     return result
 
 
-def _pool_node(cluster: Any, name: str, ip: str, mtu: int) -> Any:
+def _pool_node(cluster: Any, name: str, ip: str, mtu: int, also: Sequence[str]) -> Any:
     """A pool node with a Mooncake master of its own on ``name``; the match of its ready line.
 
     The experiment programs its groups into the switch itself, per point (no controller serves
-    them to the pool node): the switch's membership check guards them.
+    them to the pool node): the switch's membership check guards them. A GET's tenant must be
+    one the switch binds its source host to, or ``also`` allows (``ADDR=T`` each).
     """
     cmd = [
         sys.executable, "-m", "poolnode", "--backend", "mooncake", "--start-master",
         "--local-hostname", ip, "--segment-mib", "256", "--port", str(c.KVP_UDP_PORT),
-        "--mtu", str(mtu), "--any-group",
+        "--mtu", str(mtu), "--any-group", *cluster.source_tenants(),
+        *(arg for a in also for arg in ("--source-tenants", a)),
     ]  # fmt: skip
     return cluster.serve(name, cmd, r"poolnode listening .*master=(\S+)", 180, cwd=REPO)
 

@@ -7,7 +7,7 @@ in-memory store (for wiring tests and emulation). ``--preload TENANT:KEY:NBYTES[
 (repeatable) stores the synthetic chunk of that name (``kvcast.synthetic``) through the
 backend's own put path (one ``put_many``: Mooncake's ``batch_put_from``) before serving. The
 node prints one ``poolnode listening ...`` line once it is ready (ending with its checks:
-``groups=controller|list|any|none tenants=controller|list|off``), serves until SIGINT/SIGTERM,
+``groups=controller|list|any|none tenants=controller|list|any``), serves until SIGINT/SIGTERM,
 then prints its counters as ``poolnode stats k=v ...`` and exits 0.
 
 A master the node started (``--start-master``) is supervised (``MooncakeMaster.supervise``;
@@ -25,7 +25,9 @@ fixed list), or ``--any-group`` (every group: the switch's membership check alon
 warning). ``--source-tenants ADDR=T[,T...]`` or ``ADDR=any`` (repeatable) makes the node refuse a
 GET that names a tenant its source address is not bound to, or that comes from an unlisted address;
 ``--source-tenants-url`` reads those bindings from the controller (``/v1/sources``) once at start,
-and the node does not start when it cannot.
+and the node does not start when it cannot. A node must be given a tenant policy: one of those, or
+``--any-tenant`` (no tenant check here: the switch's tenant binding alone; logged as a warning).
+Started with none, it does not start (exit 2, naming the flags).
 
 ``--stats-file PATH`` also writes the counters as JSON to PATH every ``--stats-interval``
 seconds and at exit (atomically: a reader never sees half a file).
@@ -196,8 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ADDR=T[,T...]|ADDR=any",
-        help="tenants a GET from ADDR may name (repeatable); with any, unlisted senders are "
-        "refused. Default: no tenant check here (the switch's tenant binding)",
+        help="tenants a GET from ADDR may name (repeatable); unlisted senders are refused",
     )
     p.add_argument(
         "--source-tenants-url",
@@ -205,6 +206,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the controller's http://HOST:PORT/v1/sources: the hosts' bindings, read once at "
         "start (the node does not start without them); --source-tenants adds to them (e.g. "
         "the controller's own address=any, for the chunk reads it makes)",
+    )
+    p.add_argument(
+        "--any-tenant",
+        action="store_true",
+        help="check no tenant here: a GET may name any tenant, only the switch's tenant binding "
+        "keeps a host to its own (logged). A node needs this or a list to start",
     )
     p.add_argument("--stats-file", type=Path, help="write the counters as JSON here")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between writes")
@@ -262,10 +269,25 @@ def _groups_check(args: argparse.Namespace) -> str:
 
 
 def _tenants_check(args: argparse.Namespace) -> str:
-    """The node's tenant check, for its listening line: controller, list or off."""
+    """The node's tenant check, for its listening line: controller, list or any."""
     if args.source_tenants_url:
         return "controller"
-    return "list" if args.source_tenants else "off"
+    return "list" if args.source_tenants else "any"
+
+
+NO_TENANT_POLICY = (
+    "no tenant policy: give --source-tenants-url URL (the controller's /v1/sources) and/or "
+    "--source-tenants ADDR=T[,T...]|ADDR=any, or --any-tenant to check no tenant here"
+)
+"""Why a node told nothing about tenants does not start."""
+
+
+def _tenant_policy_error(args: argparse.Namespace) -> str | None:
+    """Why the node's tenant arguments cannot start it (none, or a list with ``--any-tenant``)."""
+    listed = bool(args.source_tenants or args.source_tenants_url)
+    if args.any_tenant and listed:
+        return "--any-tenant contradicts --source-tenants and --source-tenants-url"
+    return None if listed or args.any_tenant else NO_TENANT_POLICY
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 after a clean stop, 2 when the node could not start.
     """
     args = _parser().parse_args(argv)
+    if (refused := _tenant_policy_error(args)) is not None:
+        print(f"poolnode: cannot start: {refused}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -324,10 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.source_tenants_url:
                 served = SourceTenants.fetch(args.source_tenants_url)
                 tenants = served if tenants is None else served.merged(tenants)
-            if tenants is None:
+            if args.any_tenant:
                 logging.getLogger("poolnode").warning(
-                    "no tenant check here: a GET may name any tenant; only the switch's tenant "
-                    "binding keeps a host to its own (--source-tenants-url checks here too)"
+                    "--any-tenant: no tenant check here, a GET may name any tenant; only the "
+                    "switch's tenant binding keeps a host to its own"
                 )
             server = PoolServer(
                 backend, args.host, args.port, args.mtu, args.cache_mib << 20, groups=groups,

@@ -7,8 +7,10 @@ target are denied. So a node given the controller's host list (address -> tenant
 ``hosts[].tenants`` of its config) can refuse a GET that names a tenant its sender is not bound
 to, even if the switch's ``tenant_binding`` were missing or wrong. It cannot vouch for more
 than that: a GET from an address it was not told about (a pool node's peer, a tool on another
-network) is refused, one from an address listed as ``any`` is served for every tenant, and
-without a list the node checks no tenant at all and relies on the switch (the default).
+network) is refused, and one from an address listed as ``any`` is served for every tenant.
+``python -m poolnode`` does not start without a list unless told ``--any-tenant`` (then it checks
+no tenant and relies on the switch alone); a ``PoolServer`` made in process without one checks
+none.
 
 The controller serves its hosts' bindings at ``GET /v1/sources`` (``SourceTenants.fetch``,
 ``--source-tenants-url``); a node reads them once at start and refuses to start without them

@@ -465,10 +465,8 @@ def run_experiment(
             # The pool node checks each GET's tenant against its sender's binding: the hosts'
             # as the switch binds them, and the controller's chunk reads (over the management
             # network, from the root side of the pool's link) for any tenant.
-            bound = ",".join(str(t) for t in spec.tenants or ())
-            for h in cluster.hosts():
-                pool_cmd += ["--source-tenants", f"{h.ip}={bound or 'any'}"]
-            pool_cmd += ["--source-tenants", f"{mgmt.root_ip[pool.name]}=any"]
+            controller = f"{mgmt.root_ip[pool.name]}=any"
+            pool_cmd += [*cluster.source_tenants(), "--source-tenants", controller]
             pool_node.start()
             progress(
                 f"trace_replay: switch={cluster.switch_cls.kind} hosts={hosts} "

@@ -30,7 +30,8 @@ def pool_node() -> Iterator[int]:
     """``python -m poolnode`` with the synthetic chunk preloaded; yields its UDP port."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "poolnode", "--backend", "memory", "--host", "127.0.0.1"]
-        + ["--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{NBYTES}:{SEED}"],
+        + ["--port", "0", "--preload", f"{TENANT}:{KEY:#x}:{NBYTES}:{SEED}"]
+        + ["--source-tenants", f"127.0.0.1={TENANT}"],  # the agents, on the loopback
         stdout=subprocess.PIPE,
         text=True,
     )

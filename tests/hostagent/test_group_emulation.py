@@ -53,13 +53,14 @@ def test_leader_and_follower_through_the_reference_switch_both_verify(tmp_path: 
 
     spec = ClusterSpec(n_hosts=2, n_pools=1, host_link=LinkSpec(), pool_link=LinkSpec())
     stats = tmp_path / "pool.json"
-    pool_cmd = [
-        sys.executable, "-m", "poolnode", "--backend", "memory", "--preload",
-        f"{TENANT}:{KEY:#x}:{NBYTES}:{SEED}", "--stats-file", str(stats),
-        "--stats-interval", "0", "--group", str(GROUP),  # the one group the test makes
-    ]  # fmt: skip
     pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     with Cluster(spec, RefSwitch) as cluster:
+        pool_cmd = [
+            sys.executable, "-m", "poolnode", "--backend", "memory", "--preload",
+            f"{TENANT}:{KEY:#x}:{NBYTES}:{SEED}", "--stats-file", str(stats),
+            "--stats-interval", "0", "--group", str(GROUP),  # the one group the test makes
+            *cluster.source_tenants(),  # the hosts' bindings on the switch
+        ]  # fmt: skip
         cluster.add_group(GROUP, ["h1", "h2"])
         with cluster.popen("p1", pool_cmd, cwd=REPO, text=True, **pipes) as pool:
             _wait_line(pool.stdout, "poolnode listening")

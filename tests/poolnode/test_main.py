@@ -24,9 +24,13 @@ from tests.poolnode.conftest import needs_mooncake
 
 @contextmanager
 def daemon(*args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """A pool node on 127.0.0.1 with ``args``; yields the process and its UDP port."""
+    """A pool node on 127.0.0.1 with ``args``; yields the process and its UDP port.
+
+    Its tenant policy: the test's client, on the loopback, may name any tenant.
+    """
+    loopback = ["--source-tenants", "127.0.0.1=any"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "poolnode", "--host", "127.0.0.1", "--port", "0", *args],
+        [sys.executable, "-m", "poolnode", "--host", "127.0.0.1", "--port", "0", *loopback, *args],
         stdout=subprocess.PIPE,
         text=True,
     )

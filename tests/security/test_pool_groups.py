@@ -115,14 +115,30 @@ def test_a_fixed_group_list_and_the_explicit_any_group() -> None:
 
 def test_the_command_line_refuses_groups_unless_told() -> None:
     args = _parser().parse_args([])
-    assert (args.groups_url, args.group, args.any_group, args.source_tenants) == (
-        None,
-        None,
-        False,
-        [],
-    )
+    assert (args.groups_url, args.group, args.any_group) == (None, None, False)
     with pytest.raises(SystemExit):  # one way of being told at a time
         _parser().parse_args(["--any-group", "--group", "5"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        ([], "no tenant policy"),
+        (["--any-group"], "no tenant policy"),  # a group policy is not a tenant policy
+        (["--any-tenant", "--source-tenants", "10.0.0.1=2"], "--any-tenant contradicts"),
+    ],
+)
+def test_a_node_told_no_tenant_policy_does_not_start(
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parser().parse_args([])
+    assert (args.source_tenants, args.source_tenants_url, args.any_tenant) == ([], None, False)
+    assert main(["--backend", "memory", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert why in err
+    if why == "no tenant policy":  # the refusal names every way of giving one
+        for flag in ("--source-tenants-url", "--source-tenants", "--any-tenant"):
+            assert flag in err
 
 
 HOST_A, HOST_B, CONTROLLER = (int.from_bytes(bytes((10, 0, 0, i)), "big") for i in (1, 2, 254))
@@ -243,9 +259,11 @@ def _listening(*args: str) -> tuple[str, str]:
 
 
 def test_a_node_says_which_checks_it_makes_and_warns_when_it_checks_no_tenant() -> None:
-    line, log = _listening()
-    assert line.rstrip().endswith("groups=none tenants=off")
-    assert "no tenant check here" in log
+    line, log = _listening("--any-tenant")
+    assert line.rstrip().endswith("groups=none tenants=any")
+    assert "--any-tenant: no tenant check here" in log
     line, log = _listening("--group", "5", "--source-tenants", "127.0.0.1=any")
     assert line.rstrip().endswith("groups=list tenants=list")
     assert "no tenant check here" not in log
+    line, log = _listening()  # told nothing about tenants: no listening line, the reason
+    assert line == "" and "no tenant policy" in log
