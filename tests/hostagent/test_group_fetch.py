@@ -26,6 +26,7 @@ from kvcast.fetch import Address, FetchError, FetchReport, RecomputeReason
 from kvcast.wire import KvpHeader
 from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent
 from tests.hostagent.refbridge import RefSwitchBridge
 
@@ -63,9 +64,7 @@ def as_bytes(t: torch.Tensor) -> bytes:
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    b.put(TENANT, KEY, CHUNK)
-    return b
+    return backend_holding(TENANT, {KEY: CHUNK})
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
 from kvcast.wire import KvpHeader, data_message, nack_message
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import FakeServer, pool
 from tests.hostagent.refbridge import RefSwitchBridge
 
@@ -42,15 +42,7 @@ TIMING: dict[str, Any] = {
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    b.put(TENANT, KEY, CHUNK)
-    return b
-
-
-@pytest.fixture
-def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
-    with PoolServer(backend, "127.0.0.1", 0) as srv:
-        yield srv
+    return backend_holding(TENANT, {KEY: CHUNK})
 
 
 def _attacker(addr: tuple[str, int] = ("127.0.0.1", 0)) -> socket.socket:
