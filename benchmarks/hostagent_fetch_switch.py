@@ -6,8 +6,8 @@ two network namespaces and a programmed switch, and the probe
 (``python -m benchmarks.loopback probe``) run in the host namespace.
 
 Classes:
-    SwitchTestbed: veth pairs, two namespaces and a programmed reference switch (a context
-        manager that removes everything it made).
+    SwitchTestbed: veth pairs, two namespaces and a programmed reference switch (its ``close``
+        removes everything it made).
 
 Functions:
     measure_refswitch: the through-switch fetch vs plain-UDP probe.
@@ -16,6 +16,7 @@ Functions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from benchmarks.hostagent_fetch_pool import pool_node
@@ -158,17 +158,6 @@ class SwitchTestbed:
             self._namespaces.clear()
             self.veths.close()
 
-    def __enter__(self) -> SwitchTestbed:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:
     cmd = tb.in_ns(
@@ -207,7 +196,7 @@ def measure_refswitch(
     records: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="kvcast-bench-hostagent-") as logdir,
-        SwitchTestbed(Path(logdir), kind) as tb,
+        contextlib.closing(SwitchTestbed(Path(logdir), kind)) as tb,
     ):
         t0 = time.monotonic()
         tb.load(nbytes)

@@ -26,7 +26,6 @@ import select
 import socket
 import struct
 import threading
-from types import TracebackType
 
 from finsy.proto import p4r
 
@@ -35,6 +34,7 @@ from kvcast import wire
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm
 from tests.conformance.harness import InProcessRefTarget
+from tests.hostagent.fakes import LoopThread
 
 Address = tuple[str, int]
 
@@ -61,7 +61,7 @@ def host_mac(i: int) -> str:
     return f"00:00:00:00:00:{i:02x}"
 
 
-class RefSwitchBridge:
+class RefSwitchBridge(LoopThread):
     """The reference switch between loopback fetch clients and a loopback pool server.
 
     Args:
@@ -69,6 +69,7 @@ class RefSwitchBridge:
     """
 
     def __init__(self, pool_addr: Address) -> None:
+        super().__init__("refbridge")
         self.pool_addr = pool_addr
         self.target = InProcessRefTarget()
         self.client = self.target.client
@@ -79,8 +80,6 @@ class RefSwitchBridge:
         self._pool_owner: dict[int, tuple[int, int]] = {}  # socket fd -> (host, port)
         self._vip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._vip.bind(("127.0.0.1", 0))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="refbridge", daemon=True)
         self._program()
 
     @property
@@ -219,18 +218,8 @@ class RefSwitchBridge:
                 self._vip.sendto(payload, dest)
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> RefSwitchBridge:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
+    def close(self) -> None:
+        """Closes the bridge's sockets and the switch (after ``stop`` has ended the loop)."""
         for sock in [self._vip, *self._pool_socks.values()]:
             sock.close()
         self.target.close()
