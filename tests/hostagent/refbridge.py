@@ -27,13 +27,12 @@ import socket
 import struct
 import threading
 
-from finsy.proto import p4r
-
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm
 from tests.conformance.harness import InProcessRefTarget
+from tests.conformance.vectors import program_pool
 from tests.hostagent.fakes import LoopThread
 
 Address = tuple[str, int]
@@ -142,25 +141,7 @@ class RefSwitchBridge(LoopThread):
                 t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
                 {"dmac": _mac(mac), "dip": _ip(ip), "dport": AGENT_PORT},
             )
-        cl.insert(
-            t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-            {"port": POOL_PORT},
-            t.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-            {"role": c.PORT_ROLE_POOL},
-        )
-        updates = []
-        for bucket in range(c.POOL_BUCKETS):
-            upd = p4r.Update(type=p4r.Update.INSERT)
-            upd.entity.table_entry.CopyFrom(
-                cl.table_entry(
-                    t.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                    {"bucket": bucket},
-                    t.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                    {"pool_ip": _ip(POOL_IP)},
-                )
-            )
-            updates.append(upd)
-        cl.write(updates)
+        program_pool(cl, POOL_PORT, POOL_IP)
 
     # ------------------------------------------------------------------ data path
     def _loop(self) -> None:
