@@ -122,19 +122,7 @@ class SwitchTestbed:
             c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
             {"addr": _ip(HOST_IP), "check_tenant": 0},
         )
-        cl.insert(
-            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-            {"port": 2},
-            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-            {"role": c.PORT_ROLE_POOL},
-        )
-        for bucket in range(c.POOL_BUCKETS):
-            cl.insert(
-                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                {"bucket": bucket},
-                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(PEER_IP)},
-            )
+        cl.set_pool_node(2, _ip(PEER_IP))
 
     def load(self, nbytes: int) -> None:
         """Puts the synthetic chunk ``(TENANT, KEY, nbytes, SEED)`` into switch SRAM."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from finsy.proto import p4r
-
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
@@ -193,32 +191,6 @@ def write_ack(frame: bytes) -> tuple[int, bytes]:
     return CPU, bytes(out)
 
 
-def program_pool(client: P4RuntimeClient, port: int, ip: str) -> None:
-    """Gives ``port`` the pool role and every pool-owner bucket to the pool node at ``ip``.
-
-    The buckets go in one write request.
-    """
-    client.insert(
-        c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-        {"port": port},
-        c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-        {"role": c.PORT_ROLE_POOL},
-    )
-    updates = []
-    for bucket in range(c.POOL_BUCKETS):
-        upd = p4r.Update(type=p4r.Update.INSERT)
-        upd.entity.table_entry.CopyFrom(
-            client.table_entry(
-                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                {"bucket": bucket},
-                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(ip)},
-            )
-        )
-        updates.append(upd)
-    client.write(updates)
-
-
 def program_switch(client: P4RuntimeClient) -> None:
     """Installs the base program every vector assumes, loading the chunk with WRITEs.
 
@@ -251,7 +223,7 @@ def program_switch(client: P4RuntimeClient) -> None:
         t.ACTION_INGRESS_FORWARDING_ROUTE,
         {"port": POOL_PORT, "smac": _mac(SWITCH_MAC), "dmac": _mac(POOL_MAC)},
     )
-    program_pool(client, POOL_PORT, POOL_IP)
+    client.set_pool_node(POOL_PORT, _ip(POOL_IP))
     client.multicast_group(GROUP, [(i, i) for i in HOSTS])
     client.multicast_group(GROUP_BROKEN, [(1, 1), (2, 99)])
     client.multicast_group(GROUP_FABRIC, [(1, 1), (POOL_PORT, 0)])

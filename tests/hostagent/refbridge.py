@@ -32,7 +32,6 @@ from kvcast import wire
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm
 from tests.conformance.harness import InProcessRefTarget
-from tests.conformance.vectors import program_pool
 from tests.hostagent.fakes import LoopThread
 
 Address = tuple[str, int]
@@ -141,7 +140,7 @@ class RefSwitchBridge(LoopThread):
                 t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
                 {"dmac": _mac(mac), "dip": _ip(ip), "dport": AGENT_PORT},
             )
-        program_pool(cl, POOL_PORT, POOL_IP)
+        cl.set_pool_node(POOL_PORT, _ip(POOL_IP))
 
     # ------------------------------------------------------------------ data path
     def _loop(self) -> None:
