@@ -33,18 +33,11 @@ from kvcast import p4constants as c
 from kvcast.kvp import frags_per_data
 from kvcast.synthetic import synthetic_chunk
 from kvcast.tools.p4rt_client import Lpm
+from kvcast.wire import ip_int, mac_int
 
 SWITCH_MAC, VIP = "02:00:00:00:00:fe", "10.0.100.1"
 HOST_MAC, HOST_IP = "00:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "00:00:00:00:01:01", "10.0.1.1"
-
-
-def _ip(text: str) -> int:
-    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
 
 
 def _sh(*cmd: str) -> None:
@@ -111,18 +104,18 @@ class SwitchTestbed:
         for port, ip, mac in ((1, HOST_IP, HOST_MAC), (2, PEER_IP, PEER_MAC)):
             cl.insert(
                 c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(ip), 32)},
+                {"dst_addr": Lpm(ip_int(ip), 32)},
                 c.ACTION_INGRESS_FORWARDING_ROUTE,
-                {"port": port, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
+                {"port": port, "smac": mac_int(SWITCH_MAC), "dmac": mac_int(mac)},
             )
         # The host's port bound to its address (the reference target denies an unknown port).
         cl.insert(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": 1},
             c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-            {"addr": _ip(HOST_IP), "check_tenant": 0},
+            {"addr": ip_int(HOST_IP), "check_tenant": 0},
         )
-        cl.set_pool_node(2, _ip(PEER_IP))
+        cl.set_pool_node(2, ip_int(PEER_IP))
 
     def load(self, nbytes: int) -> None:
         """Puts the synthetic chunk ``(TENANT, KEY, nbytes, SEED)`` into switch SRAM."""

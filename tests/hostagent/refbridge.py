@@ -31,6 +31,7 @@ from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm
+from kvcast.wire import ip_int, mac_int
 from tests.conformance.harness import InProcessRefTarget
 from tests.hostagent.fakes import LoopThread
 
@@ -41,14 +42,6 @@ VIP = "10.0.100.1"
 POOL_IP, POOL_MAC, POOL_PORT = "10.0.1.1", "00:00:00:00:01:01", 8
 MAX_HOSTS = 4
 _K = wire.FRAME_KVP_OFFSET
-
-
-def _ip(text: str) -> int:
-    return int.from_bytes(wire.ip_bytes(text), "big")
-
-
-def _mac(text: str) -> int:
-    return int.from_bytes(wire.mac_bytes(text), "big")
 
 
 def host_ip(i: int) -> str:
@@ -117,14 +110,14 @@ class RefSwitchBridge(LoopThread):
 
     def _program(self) -> None:
         cl, t = self.client, c
-        smac = _mac(SWITCH_MAC)
+        smac = mac_int(SWITCH_MAC)
         nodes = [(i, host_ip(i), host_mac(i)) for i in range(1, MAX_HOSTS + 1)]
         for port, ip, mac in [*nodes, (POOL_PORT, POOL_IP, POOL_MAC)]:
             cl.insert(
                 t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(ip), 32)},
+                {"dst_addr": Lpm(ip_int(ip), 32)},
                 t.ACTION_INGRESS_FORWARDING_ROUTE,
-                {"port": port, "smac": smac, "dmac": _mac(mac)},
+                {"port": port, "smac": smac, "dmac": mac_int(mac)},
             )
         for i, ip, mac in nodes:
             # Each host's port bound to its address, any tenant (an unknown port is denied).
@@ -132,15 +125,15 @@ class RefSwitchBridge(LoopThread):
                 t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
                 {"port": i},
                 t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-                {"addr": _ip(ip), "check_tenant": 0},
+                {"addr": ip_int(ip), "check_tenant": 0},
             )
             cl.insert(
                 t.TABLE_EGRESS_REPLICA_REPLICA_DST,
                 {"rid": i},
                 t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-                {"dmac": _mac(mac), "dip": _ip(ip), "dport": AGENT_PORT},
+                {"dmac": mac_int(mac), "dip": ip_int(ip), "dport": AGENT_PORT},
             )
-        cl.set_pool_node(POOL_PORT, _ip(POOL_IP))
+        cl.set_pool_node(POOL_PORT, ip_int(POOL_IP))
 
     # ------------------------------------------------------------------ data path
     def _loop(self) -> None:
