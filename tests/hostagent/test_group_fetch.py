@@ -8,6 +8,7 @@ test_group_emulation.py runs it as a switch process in Mininet.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -52,6 +53,22 @@ def client(
         max_retries=2,
         deadline_s=20.0,
     )
+
+
+@contextlib.contextmanager
+def leader_and_follower(
+    backend: InMemoryBackend,
+) -> Iterator[tuple[MulticastRelay, FetchClient, FetchClient]]:
+    """A multicast relay and two clients, leader and follower, both members of ``GROUP``.
+
+    The clients are closed after the relay has stopped.
+    """
+    relay = MulticastRelay(backend, {})
+    lead = client(relay.address, None, GROUP)
+    fol = client(relay.address, None, GROUP)
+    relay.groups[GROUP] = [lead.address, fol.address]
+    with lead, fol, relay:
+        yield relay, lead, fol
 
 
 def dst() -> torch.Tensor:
@@ -169,10 +186,7 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
 ) -> None:
     other = os.urandom(4 * c.FRAG_BYTES)
     backend.put(TENANT, KEY + 1, other)
-    with MulticastRelay(backend, {}) as relay:
-        lead = client(relay.address, None, GROUP)
-        fol = client(relay.address, None, GROUP)
-        relay.groups[GROUP] = [lead.address, fol.address]
+    with leader_and_follower(backend) as (relay, lead, fol):
         other_buf = torch.zeros(len(other), dtype=torch.uint8)
         assert lead.fetch(TENANT, KEY + 1, other_buf).ok
         out = dst()
@@ -182,8 +196,6 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
         relay.groups[GROUP] = []
         later = torch.zeros(len(other), dtype=torch.uint8)
         kept = fol.follow(TENANT, KEY + 1, later, stall_s=0.1)
-    lead.close()
-    fol.close()
     assert report.ok and report.stalled
     assert report.stashed >= 1 and report.frags_stream == 0
     assert as_bytes(out) == CHUNK
@@ -194,18 +206,13 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
 def test_discarding_pending_datagrams_drops_the_stash_too(backend: InMemoryBackend) -> None:
     other = os.urandom(4 * c.FRAG_BYTES)
     backend.put(TENANT, KEY + 1, other)
-    with MulticastRelay(backend, {}) as relay:
-        lead = client(relay.address, None, GROUP)
-        fol = client(relay.address, None, GROUP)
-        relay.groups[GROUP] = [lead.address, fol.address]
+    with leader_and_follower(backend) as (relay, lead, fol):
         assert lead.fetch(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8)).ok
         assert fol.follow(TENANT, KEY, dst(), stall_s=0.1).ok
         assert fol.discard_pending() >= 1
         relay.groups[GROUP] = []
         report = fol.follow(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8),
                             stall_s=0.05)  # fmt: skip
-    lead.close()
-    fol.close()
     assert report.ok and report.stalled and report.frags_stream == 0
 
 
