@@ -104,7 +104,7 @@ def measure_receive(
             for _ in range(rounds):
                 for side, receive, to in receivers:
                     # stream: the sender starts, the receiver is already waiting.
-                    feed.start(to)
+                    feed.send(to)
                     c0 = time.thread_time()
                     receive()
                     t_end = _now()
@@ -113,7 +113,7 @@ def measure_receive(
                     wall.setdefault(("stream", side), []).append(t_end - t0)
                     sender_s.append(t1 - t0)
                     # drain: the whole chunk is queued first.
-                    feed.start(to)
+                    feed.send(to)
                     feed.finish()
                     c0, t0 = time.thread_time(), _now()
                     receive()

@@ -6,8 +6,8 @@ two network namespaces and a programmed switch, and the probe
 (``python -m benchmarks.loopback probe``) run in the host namespace.
 
 Classes:
-    SwitchTestbed: veth pairs, two namespaces and a programmed reference switch (a context
-        manager that removes everything it made).
+    SwitchTestbed: veth pairs, two namespaces and a programmed reference switch (its ``close``
+        removes everything it made).
 
 Functions:
     measure_refswitch: the through-switch fetch vs plain-UDP probe.
@@ -16,6 +16,7 @@ Functions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from benchmarks.hostagent_fetch_pool import pool_node
@@ -33,18 +33,11 @@ from kvcast import p4constants as c
 from kvcast.kvp import frags_per_data
 from kvcast.synthetic import synthetic_chunk
 from kvcast.tools.p4rt_client import Lpm
+from kvcast.wire import ip_int, mac_int
 
 SWITCH_MAC, VIP = "02:00:00:00:00:fe", "10.0.100.1"
 HOST_MAC, HOST_IP = "00:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "00:00:00:00:01:01", "10.0.1.1"
-
-
-def _ip(text: str) -> int:
-    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
 
 
 def _sh(*cmd: str) -> None:
@@ -111,30 +104,18 @@ class SwitchTestbed:
         for port, ip, mac in ((1, HOST_IP, HOST_MAC), (2, PEER_IP, PEER_MAC)):
             cl.insert(
                 c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(ip), 32)},
+                {"dst_addr": Lpm(ip_int(ip), 32)},
                 c.ACTION_INGRESS_FORWARDING_ROUTE,
-                {"port": port, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
+                {"port": port, "smac": mac_int(SWITCH_MAC), "dmac": mac_int(mac)},
             )
         # The host's port bound to its address (the reference target denies an unknown port).
         cl.insert(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": 1},
             c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-            {"addr": _ip(HOST_IP), "check_tenant": 0},
+            {"addr": ip_int(HOST_IP), "check_tenant": 0},
         )
-        cl.insert(
-            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-            {"port": 2},
-            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-            {"role": c.PORT_ROLE_POOL},
-        )
-        for bucket in range(c.POOL_BUCKETS):
-            cl.insert(
-                c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                {"bucket": bucket},
-                c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(PEER_IP)},
-            )
+        cl.set_pool_node(2, ip_int(PEER_IP))
 
     def load(self, nbytes: int) -> None:
         """Puts the synthetic chunk ``(TENANT, KEY, nbytes, SEED)`` into switch SRAM."""
@@ -157,17 +138,6 @@ class SwitchTestbed:
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             self._namespaces.clear()
             self.veths.close()
-
-    def __enter__(self) -> SwitchTestbed:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _probe(tb: SwitchTestbed, nbytes: int, rounds: int, *extra: str) -> dict[str, Any]:
@@ -207,7 +177,7 @@ def measure_refswitch(
     records: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="kvcast-bench-hostagent-") as logdir,
-        SwitchTestbed(Path(logdir), kind) as tb,
+        contextlib.closing(SwitchTestbed(Path(logdir), kind)) as tb,
     ):
         t0 = time.monotonic()
         tb.load(nbytes)

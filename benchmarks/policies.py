@@ -320,16 +320,7 @@ def _rate_rows(w: Workload, accesses: Sequence[Access], reps: int) -> list[str]:
     issue 14's rate (1M accesses recorded and ranked in ``RATE_TARGET_S``) the time scaled to
     a million accesses.
     """
-    cols = AccessColumns.build(
-        [a.key for a in accesses],
-        [a.tenant for a in accesses],
-        [a.size for a in accesses],
-        [a.host for a in accesses],
-        [a.time for a in accesses],
-        [a.parent or 0 for a in accesses],
-        [a.parent is not None for a in accesses],
-        [-1 if a.position is None else a.position for a in accesses],
-    )
+    cols = AccessColumns.of(accesses)
     runs: dict[str, list[tuple[float, float]]] = {p: [] for p in PATHS}
     selected: dict[str, Any] = {}
     for rep in range(reps):

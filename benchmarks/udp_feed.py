@@ -23,7 +23,7 @@ Functions:
     main: the command loop (``python -m benchmarks.udp_feed``).
 
 Classes:
-    Feed: the parent's handle on the process (a context manager).
+    Feed: the parent's handle on the process (a ``kvcast.lifecycle.Service``: ``with`` runs it).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import socket
 import subprocess
 import sys
 import time
-from types import TracebackType
 
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.kvp import frag_count
+from kvcast.lifecycle import Service
 from kvcast.synthetic import synthetic_chunk
 
 TENANT, KEY, SEED = 1, 0xBE7C5, 3
@@ -100,7 +100,7 @@ def main() -> int:
     return 0
 
 
-class Feed:
+class Feed(Service):
     """The feed process (``python -m benchmarks.udp_feed``), started and stopped by ``with``.
 
     Raises:
@@ -111,19 +111,15 @@ class Feed:
         self._proc: subprocess.Popen[str] | None = None
         self._pending = False
 
-    def __enter__(self) -> Feed:
+    def start(self) -> None:
+        """Starts the process."""
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.udp_feed"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
+        """Ends the command loop (its stdin closed) and reaps the process (killed after 10 s)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -156,20 +152,20 @@ class Feed:
         self._command(f"build {nbytes} {frags_per_msg}")
         return int(self._answer()[1])
 
-    def start(self, to: tuple[str, int]) -> None:
+    def send(self, to: tuple[str, int]) -> None:
         """Has the process send the built DATAs to ``to`` and returns at once (``finish``)."""
         self._command(f"send {to[0]} {to[1]}")
         self._pending = True
 
     def finish(self) -> tuple[float, float, int]:
-        """Waits for the send ``start`` began.
+        """Waits for the send ``send`` began.
 
         Returns:
             ``CLOCK_MONOTONIC`` seconds before its first datagram and after its last, and the
             bytes sent.
         """
         if not self._pending:
-            raise RuntimeError("finish() without start()")
+            raise RuntimeError("finish() without send()")
         self._pending = False
         words = self._answer()
         return int(words[1]) / 1e9, int(words[2]) / 1e9, int(words[3])

@@ -71,13 +71,37 @@ static uint32_t crc32_tables(uint32_t value, const uint8_t *p, size_t n);
 #define HAVE_CLMUL_PATH 1
 static int have_clmul = 0;
 
+/* One fold step: the 128-bit block x carried 128 (k = k1) or 512 (k = k4) bits ahead onto next. */
+#define CLMUL_FOLD(x, k, next)                                                                 \
+    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((x), (k), 0x00),                          \
+                                _mm_clmulepi64_si128((x), (k), 0x11)),                         \
+                  (next))
+
+/*
+ * The end of both carry-less paths: folds the remaining whole 16-byte blocks of p into x (with
+ * the 128-bit constants k1), then x's block, whose CRC from a zero state is the CRC of all
+ * before it, and the tail of fewer than 16 bytes go through the tables.
+ */
+__attribute__((target("pclmul,sse4.1"))) static inline uint32_t
+crc32_clmul_finish(__m128i x, __m128i k1, const uint8_t *p, size_t n) {
+    while (n >= 16) {
+        x = CLMUL_FOLD(x, k1, _mm_loadu_si128((const __m128i *)p));
+        p += 16;
+        n -= 16;
+    }
+    uint8_t block[16];
+    _mm_storeu_si128((__m128i *)block, x);
+    uint32_t crc = crc32_tables(0xFFFFFFFFu, block, 16); /* from a zero state */
+    return crc32_tables(crc, p, n);
+}
+
 /*
  * CRC-32 by carry-less multiplication (PCLMULQDQ): fold the data 64 bytes at a time, then 16,
  * down to one 128-bit block whose CRC (from a zero state) is the CRC of everything before it;
- * that block and the tail go through the tables. The folding constants are x^(4*128+-32) and
- * x^(128+-32) mod the CRC-32 polynomial, bit-reflected (as in Intel's "Fast CRC Computation
- * Using PCLMULQDQ" and Linux's crc32-pclmul). Same results as zlib; a test checks every length
- * from 0 to 1,100 bytes and random seeds against zlib.
+ * that block and the tail go through the tables (crc32_clmul_finish). The folding constants
+ * are x^(4*128+-32) and x^(128+-32) mod the CRC-32 polynomial, bit-reflected (as in Intel's
+ * "Fast CRC Computation Using PCLMULQDQ" and Linux's crc32-pclmul). Same results as zlib; a
+ * test checks every length from 0 to 1,100 bytes and random seeds against zlib.
  */
 __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t value,
                                                                         const uint8_t *p,
@@ -91,31 +115,18 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t va
     x0 = _mm_xor_si128(x0, _mm_cvtsi32_si128((int)~value));
     p += 64;
     n -= 64;
-#define FOLD(x, k, next)                                                                       \
-    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((x), (k), 0x00),                          \
-                                _mm_clmulepi64_si128((x), (k), 0x11)),                         \
-                  (next))
     while (n >= 64) {
-        x0 = FOLD(x0, k4, _mm_loadu_si128((const __m128i *)p));
-        x1 = FOLD(x1, k4, _mm_loadu_si128((const __m128i *)(p + 16)));
-        x2 = FOLD(x2, k4, _mm_loadu_si128((const __m128i *)(p + 32)));
-        x3 = FOLD(x3, k4, _mm_loadu_si128((const __m128i *)(p + 48)));
+        x0 = CLMUL_FOLD(x0, k4, _mm_loadu_si128((const __m128i *)p));
+        x1 = CLMUL_FOLD(x1, k4, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x2 = CLMUL_FOLD(x2, k4, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x3 = CLMUL_FOLD(x3, k4, _mm_loadu_si128((const __m128i *)(p + 48)));
         p += 64;
         n -= 64;
     }
-    __m128i x = FOLD(x0, k1, x1);
-    x = FOLD(x, k1, x2);
-    x = FOLD(x, k1, x3);
-    while (n >= 16) {
-        x = FOLD(x, k1, _mm_loadu_si128((const __m128i *)p));
-        p += 16;
-        n -= 16;
-    }
-#undef FOLD
-    uint8_t block[16];
-    _mm_storeu_si128((__m128i *)block, x);
-    uint32_t crc = crc32_tables(0xFFFFFFFFu, block, 16); /* from a zero state */
-    return crc32_tables(crc, p, n);
+    __m128i x = CLMUL_FOLD(x0, k1, x1);
+    x = CLMUL_FOLD(x, k1, x2);
+    x = CLMUL_FOLD(x, k1, x3);
+    return crc32_clmul_finish(x, k1, p, n);
 }
 
 /*
@@ -123,7 +134,8 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t va
  * (eight 128-bit lanes), each lane folded 1024 bits ahead per step (constants x^(8*128+-32)
  * mod P, bit-reflected, as above), so eight carry-less products are in flight at once instead
  * of four; at the end the eight lanes are folded into one with the 128-bit constants and the
- * rest goes as in crc32_clmul. Needs n >= 128. Same values as zlib (tests/kvcast/test_native.py).
+ * rest goes through crc32_clmul_finish. Needs n >= 128. Same values as zlib
+ * (tests/kvcast/test_native.py).
  */
 static int have_vclmul = 0;
 
@@ -152,29 +164,17 @@ __attribute__((target("vpclmulqdq,avx2,pclmul,sse4.1"))) static uint32_t crc32_v
         n -= 128;
     }
 #undef VFOLD
-#define FOLD(x, next)                                                                          \
-    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((x), k1, 0x00),                           \
-                                _mm_clmulepi64_si128((x), k1, 0x11)),                          \
-                  (next))
     __m128i x = _mm256_castsi256_si128(y0);
-    x = FOLD(x, _mm256_extracti128_si256(y0, 1));
-    x = FOLD(x, _mm256_castsi256_si128(y1));
-    x = FOLD(x, _mm256_extracti128_si256(y1, 1));
-    x = FOLD(x, _mm256_castsi256_si128(y2));
-    x = FOLD(x, _mm256_extracti128_si256(y2, 1));
-    x = FOLD(x, _mm256_castsi256_si128(y3));
-    x = FOLD(x, _mm256_extracti128_si256(y3, 1));
-    while (n >= 16) {
-        x = FOLD(x, _mm_loadu_si128((const __m128i *)p));
-        p += 16;
-        n -= 16;
-    }
-#undef FOLD
-    uint8_t block[16];
-    _mm_storeu_si128((__m128i *)block, x);
-    uint32_t crc = crc32_tables(0xFFFFFFFFu, block, 16); /* from a zero state */
-    return crc32_tables(crc, p, n);
+    x = CLMUL_FOLD(x, k1, _mm256_extracti128_si256(y0, 1));
+    x = CLMUL_FOLD(x, k1, _mm256_castsi256_si128(y1));
+    x = CLMUL_FOLD(x, k1, _mm256_extracti128_si256(y1, 1));
+    x = CLMUL_FOLD(x, k1, _mm256_castsi256_si128(y2));
+    x = CLMUL_FOLD(x, k1, _mm256_extracti128_si256(y2, 1));
+    x = CLMUL_FOLD(x, k1, _mm256_castsi256_si128(y3));
+    x = CLMUL_FOLD(x, k1, _mm256_extracti128_si256(y3, 1));
+    return crc32_clmul_finish(x, k1, p, n);
 }
+#undef CLMUL_FOLD
 #endif
 
 /* Continues a CRC-32 from `value` (zlib.crc32(data, value)). */

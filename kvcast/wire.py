@@ -15,6 +15,7 @@ Functions:
     udp_frame: a whole Ethernet/IPv4/UDP frame around a payload (for raw sockets, PacketOut).
     ipv4_checksum: the IPv4 header checksum.
     mac_bytes, ip_bytes: address text to bytes.
+    mac_int, ip_int: address text to the integers P4Runtime match fields and parameters take.
 """
 
 from __future__ import annotations
@@ -360,6 +361,24 @@ def mac_bytes(mac: str) -> bytes:
 def ip_bytes(ip: str) -> bytes:
     """``"10.0.0.1"`` to 4 bytes."""
     return ipaddress.IPv4Address(ip).packed
+
+
+def mac_int(mac: str) -> int:
+    """``"00:00:00:00:00:01"`` as an integer.
+
+    Raises:
+        WireError: not a MAC address.
+    """
+    return int.from_bytes(mac_bytes(mac), "big")
+
+
+def ip_int(ip: str) -> int:
+    """``"10.0.0.1"`` as an integer.
+
+    Raises:
+        ValueError: not an IPv4 address.
+    """
+    return int(ipaddress.IPv4Address(ip))
 
 
 def ipv4_checksum(header: bytes) -> int:

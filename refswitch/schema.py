@@ -157,10 +157,22 @@ class PacketMetadataInfo:
     by_name: Mapping[str, ParamInfo]
 
 
-def _named(ref: int | str, by_id: Mapping[int, object], by_name: Mapping[str, object]) -> object:
+def _named(ref: int | str, by_id: Mapping[int, _T], by_name: Mapping[str, _T]) -> _T | None:
     if isinstance(ref, int):
         return by_id.get(ref)
     return by_name.get(ref)
+
+
+def _known(ref: int | str, by_id: Mapping[int, _T], by_name: Mapping[str, _T], what: str) -> _T:
+    """The entity ``ref`` names (its id, name or alias).
+
+    Raises:
+        InvalidArgumentError: no such ``what`` (PI's "Invalid P4 id").
+    """
+    info = _named(ref, by_id, by_name)
+    if info is None:
+        raise InvalidArgumentError(f"Invalid P4 id: no {what} {ref!r}")
+    return info
 
 
 class PipelineSchema:
@@ -313,10 +325,7 @@ class PipelineSchema:
         Raises:
             InvalidArgumentError: no such table.
         """
-        info = _named(ref, self.tables, self.table_by_name)
-        if not isinstance(info, TableInfo):
-            raise InvalidArgumentError(f"Invalid P4 id: no table {ref!r}")
-        return info
+        return _known(ref, self.tables, self.table_by_name, "table")
 
     def action(self, ref: int | str) -> ActionInfo:
         """The action with this id, name or alias.
@@ -324,10 +333,7 @@ class PipelineSchema:
         Raises:
             InvalidArgumentError: no such action.
         """
-        info = _named(ref, self.actions, self.action_by_name)
-        if not isinstance(info, ActionInfo):
-            raise InvalidArgumentError(f"Invalid P4 id: no action {ref!r}")
-        return info
+        return _known(ref, self.actions, self.action_by_name, "action")
 
     def counter(self, ref: int | str) -> CounterInfo:
         """The indirect counter with this id, name or alias.
@@ -335,12 +341,9 @@ class PipelineSchema:
         Raises:
             InvalidArgumentError: no such counter, or it is a direct counter.
         """
-        info = _named(ref, self.counters, self.counter_by_name)
-        if not isinstance(info, CounterInfo):
-            if isinstance(ref, int) and ref in self.direct_counters:
-                raise InvalidArgumentError("Cannot use CounterEntry with a direct counter")
-            raise InvalidArgumentError(f"Invalid P4 id: no counter {ref!r}")
-        return info
+        if isinstance(ref, int) and ref not in self.counters and ref in self.direct_counters:
+            raise InvalidArgumentError("Cannot use CounterEntry with a direct counter")
+        return _known(ref, self.counters, self.counter_by_name, "counter")
 
     def digest(self, ref: int | str) -> DigestInfo:
         """The digest with this id, name or alias.
@@ -349,7 +352,7 @@ class PipelineSchema:
             NotFoundError: no such digest (PI's code for it).
         """
         info = _named(ref, self.digests, self.digest_by_name)
-        if not isinstance(info, DigestInfo):
+        if info is None:
             raise NotFoundError(f"{ref!r} is not a valid digest id")
         return info
 

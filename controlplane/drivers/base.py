@@ -17,7 +17,6 @@ Functions:
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,7 +25,8 @@ import finsy as fy
 
 from controlplane.errors import ConfigError
 from controlplane.p4rt import SwitchClient
-from kvcast.wire import WireError, mac_bytes
+from kvcast import wire
+from kvcast.wire import WireError
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ def mac_int(mac: str) -> int:
         ConfigError: not a MAC address.
     """
     try:
-        return int.from_bytes(mac_bytes(mac), "big")
+        return wire.mac_int(mac)
     except (WireError, ValueError) as exc:
         raise ConfigError(f"not a MAC address: {mac!r}") from exc
 
@@ -54,7 +54,7 @@ def ip_int(ip: str) -> int:
         ConfigError: not an IPv4 address.
     """
     try:
-        return int(ipaddress.IPv4Address(ip))
+        return wire.ip_int(ip)
     except ValueError as exc:
         raise ConfigError(f"not an IPv4 address: {ip!r}") from exc
 

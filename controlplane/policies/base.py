@@ -48,7 +48,7 @@ from __future__ import annotations
 import abc
 import enum
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -219,6 +219,20 @@ class AccessColumns(NamedTuple):
                     f"record_arrays: {name} has shape {arr.shape}, keys has ({n},)"
                 )
         return out
+
+    @classmethod
+    def of(cls, accesses: Sequence[Access]) -> AccessColumns:
+        """The columns of ``accesses`` (the inverse of :meth:`access`)."""
+        return cls.build(
+            [a.key for a in accesses],
+            [a.tenant for a in accesses],
+            [a.size for a in accesses],
+            [a.host for a in accesses],
+            [a.time for a in accesses],
+            [a.parent or 0 for a in accesses],
+            [a.parent is not None for a in accesses],
+            [-1 if a.position is None else a.position for a in accesses],
+        )
 
     def access(self, i: int) -> Access:
         """The ``i``-th access as an :class:`Access`."""

@@ -344,6 +344,33 @@ class P4RuntimeClient:
             mg.replicas.add(egress_port=port, instance=instance)
         self.write([upd])
 
+    def set_pool_node(self, port: int, pool_ip: int) -> None:
+        """Gives ``port`` the pool role and every pool-owner bucket to the node at ``pool_ip``.
+
+        The buckets go in one write request.
+        """
+        from kvcast import p4constants as c
+
+        self.insert(
+            c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
+            {"port": port},
+            c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
+            {"role": c.PORT_ROLE_POOL},
+        )
+        updates = []
+        for bucket in range(c.POOL_BUCKETS):
+            upd = p4r.Update(type=p4r.Update.INSERT)
+            upd.entity.table_entry.CopyFrom(
+                self.table_entry(
+                    c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
+                    {"bucket": bucket},
+                    c.ACTION_INGRESS_POOL_OWNER_SET_POOL,
+                    {"pool_ip": pool_ip},
+                )
+            )
+            updates.append(upd)
+        self.write(updates)
+
     def configure_digest(
         self,
         digest: str,

@@ -140,7 +140,7 @@ def test_the_feed_process_sends_the_chunk_it_built() -> None:
         with Feed() as feed:
             assert feed.build(64 * 256 + 5, 5) == len(expected)
             before = time.clock_gettime(time.CLOCK_MONOTONIC)
-            feed.start(rx.getsockname())
+            feed.send(rx.getsockname())
             got = [rx.recvfrom(65536) for _ in expected]
             t0, t1, sent = feed.finish()
     finally:

@@ -19,12 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from finsy.proto import p4r
-
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
-from kvcast.wire import KvpHeader
+from kvcast.wire import KvpHeader, ip_int, mac_int
 
 CPU = c.CPU_PORT_NUM
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -203,13 +201,13 @@ def program_switch(client: P4RuntimeClient) -> None:
     for i, (mac, ip, _) in HOSTS.items():
         client.insert(
             t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-            {"dst_addr": Lpm(_ip(ip), 32)},
+            {"dst_addr": Lpm(ip_int(ip), 32)},
             t.ACTION_INGRESS_FORWARDING_ROUTE,
-            {"port": i, "smac": _mac(SWITCH_MAC), "dmac": _mac(mac)},
+            {"port": i, "smac": mac_int(SWITCH_MAC), "dmac": mac_int(mac)},
         )
         client.insert(
             t.TABLE_INGRESS_FORWARDING_L2_FWD,
-            {"dst_addr": _mac(mac)},
+            {"dst_addr": mac_int(mac)},
             t.ACTION_INGRESS_FORWARDING_L2_FORWARD,
             {"port": i},
         )
@@ -217,33 +215,15 @@ def program_switch(client: P4RuntimeClient) -> None:
             t.TABLE_EGRESS_REPLICA_REPLICA_DST,
             {"rid": i},
             t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-            {"dmac": _mac(mac), "dip": _ip(ip), "dport": HOSTS[i][2]},
+            {"dmac": mac_int(mac), "dip": ip_int(ip), "dport": HOSTS[i][2]},
         )
     client.insert(
         t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-        {"dst_addr": Lpm(_ip("10.0.1.0"), 24)},
+        {"dst_addr": Lpm(ip_int("10.0.1.0"), 24)},
         t.ACTION_INGRESS_FORWARDING_ROUTE,
-        {"port": POOL_PORT, "smac": _mac(SWITCH_MAC), "dmac": _mac(POOL_MAC)},
+        {"port": POOL_PORT, "smac": mac_int(SWITCH_MAC), "dmac": mac_int(POOL_MAC)},
     )
-    client.insert(
-        t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-        {"port": POOL_PORT},
-        t.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-        {"role": c.PORT_ROLE_POOL},
-    )
-    updates = []
-    for bucket in range(c.POOL_BUCKETS):
-        upd = p4r.Update(type=p4r.Update.INSERT)
-        upd.entity.table_entry.CopyFrom(
-            client.table_entry(
-                t.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                {"bucket": bucket},
-                t.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                {"pool_ip": _ip(POOL_IP)},
-            )
-        )
-        updates.append(upd)
-    client.write(updates)
+    client.set_pool_node(POOL_PORT, ip_int(POOL_IP))
     client.multicast_group(GROUP, [(i, i) for i in HOSTS])
     client.multicast_group(GROUP_BROKEN, [(1, 1), (2, 99)])
     client.multicast_group(GROUP_FABRIC, [(1, 1), (POOL_PORT, 0)])
@@ -262,7 +242,7 @@ def program_switch(client: P4RuntimeClient) -> None:
             t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": i},
             t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-            {"addr": _ip(ip), "check_tenant": int(i == BOUND_HOST)},
+            {"addr": ip_int(ip), "check_tenant": int(i == BOUND_HOST)},
         )
     client.insert(
         t.TABLE_INGRESS_PORT_ROLE_TENANT_BINDING,
@@ -304,14 +284,6 @@ def program_switch(client: P4RuntimeClient) -> None:
         t.ACTION_INGRESS_CACHE_CACHE_HIT,
         {"slot_base": STALE_BASE, "frag_count": 1, "epoch": STALE_ENTRY_EPOCH},
     )
-
-
-def _mac(text: str) -> int:
-    return int.from_bytes(wire.mac_bytes(text), "big")
-
-
-def _ip(text: str) -> int:
-    return int.from_bytes(wire.ip_bytes(text), "big")
 
 
 def _get(

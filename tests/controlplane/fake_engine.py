@@ -1,6 +1,7 @@
 """A fake OpenAI-compatible engine server for the push tests: a real HTTP server in a thread.
 
-It records every request (path and JSON body) and answers ``POST /v1/completions`` as told:
+It records every completions request (path and JSON body) and answers
+``POST /v1/completions`` as told (through the controller's own small HTTP server):
 200 with a completion, an error status, or not at all until released (a hung engine).
 
 Classes:
@@ -12,15 +13,18 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from controlplane.reports import HttpApi, Response
+
+COMPLETIONS = "/v1/completions"
 
 
 class FakeEngine:
     """One fake engine on loopback.
 
     Attributes:
-        requests: ``(path, body)`` of every request received, in order.
+        requests: ``(path, body)`` of every completions request received, in order.
         status: the status it answers with (200: a completion).
         hold: requests wait while it is cleared (a hung engine), at most 30 s.
     """
@@ -31,41 +35,30 @@ class FakeEngine:
         self.hold = threading.Event()
         self.hold.set()
         self._lock = threading.Lock()
-        engine = self
+        self._server = HttpApi(
+            "127.0.0.1", 0, {("POST", COMPLETIONS): self._complete}, name="fake-engine"
+        )
+        self._server.start()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length))
-                with engine._lock:
-                    engine.requests.append((self.path, body))
-                engine.hold.wait(30)
-                status = engine.status
-                doc = {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "x"}]}
-                data = json.dumps(doc if status == 200 else {"error": "down"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+    def _complete(self, body: bytes) -> Response:
+        with self._lock:
+            self.requests.append((COMPLETIONS, json.loads(body)))
+        self.hold.wait(30)
+        if self.status != 200:
+            return Response.json(self.status, {"error": "down"})
+        doc = {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "x"}]}
+        return Response.json(self.status, doc)
 
     @property
     def url(self) -> str:
         """Its base URL."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.address
+        return f"http://{host}:{port}"
 
     def bodies(self) -> list[dict[str, Any]]:
         """The bodies of the completions requests received so far."""
         with self._lock:
-            return [b for p, b in self.requests if p == "/v1/completions"]
+            return [b for p, b in self.requests if p == COMPLETIONS]
 
     def wait_requests(self, n: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """Waits until it has received ``n`` completions requests; returns them all."""
@@ -77,5 +70,4 @@ class FakeEngine:
     def close(self) -> None:
         """Stops the server (held requests are released first)."""
         self.hold.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()

@@ -17,6 +17,7 @@ from controlplane.configspec import DaemonConfig
 from controlplane.errors import ConfigError
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.wire import mac_int
 
 from .test_daemon import started
 from .test_p4rt_harness import RefSwitch, run
@@ -93,10 +94,6 @@ def _role(sw: RefSwitch, port: int) -> tuple[str, int | None]:
     return call.action, call.params.get("role")
 
 
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
-
-
 def test_the_daemon_routes_every_node_through_the_fabric(switches: dict[str, RefSwitch]) -> None:
     async def main() -> None:
         ctl = await started(_config(switches))
@@ -105,13 +102,13 @@ def test_the_daemon_routes_every_node_through_the_fabric(switches: dict[str, Ref
     run(main())
     s1, s2, s3 = switches["s1"], switches["s2"], switches["s3"]
     # A leaf: its own nodes straight out, the others up to the spine (next hop: its MAC).
-    assert _route(s1, H1[0]) == (1, _mac(H1[1]))
-    assert _route(s1, H2[0]) == (UPLINK, _mac(MAC["s3"]))
-    assert _route(s2, P1[0]) == (UPLINK, _mac(MAC["s3"]))
+    assert _route(s1, H1[0]) == (1, mac_int(H1[1]))
+    assert _route(s1, H2[0]) == (UPLINK, mac_int(MAC["s3"]))
+    assert _route(s2, P1[0]) == (UPLINK, mac_int(MAC["s3"]))
     # The spine: down to each node's leaf.
-    assert _route(s3, H1[0]) == (1, _mac(MAC["s1"]))
-    assert _route(s3, H2[0]) == (2, _mac(MAC["s2"]))
-    assert _route(s3, P1[0]) == (1, _mac(MAC["s1"]))
+    assert _route(s3, H1[0]) == (1, mac_int(MAC["s1"]))
+    assert _route(s3, H2[0]) == (2, mac_int(MAC["s2"]))
+    assert _route(s3, P1[0]) == (1, mac_int(MAC["s1"]))
     # Fabric ports are trusted as a fabric switch's; everything else on the spine is denied.
     pool_role = (c.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE, c.PORT_ROLE_POOL)
     assert _role(s1, UPLINK) == _role(s3, 1) == _role(s3, 2) == pool_role

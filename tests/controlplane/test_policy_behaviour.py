@@ -255,6 +255,36 @@ def _replay_hits(policy: KvcastPolicy, seq: list[tuple[int, float]]) -> int:
     return hits
 
 
+def _regulars_among_one_offs(rounds: int, pairs: int, scans: int) -> list[tuple[int, float]]:
+    """Rounds of: blocks 0..7 0.1 s apart, ``pairs`` one-offs each reused once 2 s later and
+    ``scans`` one-offs read once (both 0.5 s apart), then a 2 s pause; in time order."""
+    seq = []
+    t, one_off = 0.0, 10**6
+    for _ in range(rounds):
+        for k in range(8):
+            seq.append((k, t))
+            t += 0.1
+        for _ in range(pairs):
+            seq += [(one_off, t), (one_off, t + 2.0)]
+            one_off += 1
+            t += 0.5
+        for _ in range(scans):
+            seq.append((one_off, t))
+            one_off += 1
+            t += 0.5
+        t += 2.0
+    seq.sort(key=lambda e: e[1])
+    return seq
+
+
+def _shadow_against_plain(seq: list[tuple[int, float]]) -> tuple[str, int, int]:
+    """``seq`` replayed on 12 blocks with and without shadow rankings: (the variant the
+    shadowing policy ends on, its hits, the plain policy's hits)."""
+    shadow = KvcastPolicy(12 * B, shadow_rankings=True)
+    shadow_hits = _replay_hits(shadow, seq)
+    return shadow.variant, shadow_hits, _replay_hits(KvcastPolicy(12 * B), seq)
+
+
 def test_kvcast_shadow_rankings_pick_recency_on_chat_sessions() -> None:
     """Memoryless chat sessions: the last access predicts the next turn, the frequency does
     not. The ghosts see the recency variant's lead and the policy switches to it, with more
@@ -274,23 +304,8 @@ def test_kvcast_shadow_rankings_pick_long_memory_for_rare_regulars() -> None:
     """Eight blocks come back every ~7 s while pairs of one-offs (reused once, 2 s apart) pull
     the adaptive half-life down to ~3 s: the default forgets the regulars between their
     visits, the slower-decaying variant keeps them."""
-    seq = []
-    t, one_off = 0.0, 10**6
-    for _ in range(400):
-        for k in range(8):
-            seq.append((k, t))
-            t += 0.1
-        for _ in range(6):
-            seq += [(one_off, t), (one_off, t + 2.0)]
-            one_off += 1
-            t += 0.5
-        t += 2.0
-    seq.sort(key=lambda e: e[1])
-    plain = KvcastPolicy(12 * B)
-    shadow = KvcastPolicy(12 * B, shadow_rankings=True)
-    plain_hits = _replay_hits(plain, seq)
-    shadow_hits = _replay_hits(shadow, seq)
-    assert shadow.variant == "long-memory"
+    variant, shadow_hits, plain_hits = _shadow_against_plain(_regulars_among_one_offs(400, 6, 0))
+    assert variant == "long-memory"
     assert shadow_hits > 1.1 * plain_hits
 
 
@@ -299,27 +314,8 @@ def test_kvcast_shadow_rankings_pick_frequency_for_regulars_among_scans() -> Non
     2 s apart (which pull the adaptive half-life down to ~3 s): even the 2x slower decay has
     forgotten the regulars by their next visit; the frequency variant (8x slower, every
     access alike) keeps them."""
-    seq = []
-    t, one_off = 0.0, 10**6
-    for _ in range(150):
-        for k in range(8):
-            seq.append((k, t))
-            t += 0.1
-        for _ in range(4):
-            seq += [(one_off, t), (one_off, t + 2.0)]
-            one_off += 1
-            t += 0.5
-        for _ in range(40):
-            seq.append((one_off, t))
-            one_off += 1
-            t += 0.5
-        t += 2.0
-    seq.sort(key=lambda e: e[1])
-    plain = KvcastPolicy(12 * B)
-    shadow = KvcastPolicy(12 * B, shadow_rankings=True)
-    plain_hits = _replay_hits(plain, seq)
-    shadow_hits = _replay_hits(shadow, seq)
-    assert shadow.variant == "frequency"
+    variant, shadow_hits, plain_hits = _shadow_against_plain(_regulars_among_one_offs(150, 4, 40))
+    assert variant == "frequency"
     assert shadow_hits > 4 * plain_hits
 
 

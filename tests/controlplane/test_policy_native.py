@@ -131,7 +131,7 @@ def test_native_record_equals_python_record(params: dict[str, Any]) -> None:
 def test_record_arrays_equals_record_many_on_the_c_path() -> None:
     w = multitenant_prompts_workload(n_requests=1500)
     acc = w.accesses()
-    cols = _columns(acc)
+    cols = AccessColumns.of(acc)
     py, c = _pair(max_tracked=800)
     arr = KvcastPolicy(256 * BLOCK, max_tracked=800)
     py.record_many(acc)
@@ -142,19 +142,6 @@ def test_record_arrays_equals_record_many_on_the_c_path() -> None:
     assert py.select(now) == c.select(now) == arr.select(now)
 
 
-def _columns(acc: list[Access]) -> AccessColumns:
-    return AccessColumns.build(
-        [a.key for a in acc],
-        [a.tenant for a in acc],
-        [a.size for a in acc],
-        [a.host for a in acc],
-        [a.time for a in acc],
-        [a.parent or 0 for a in acc],
-        [a.parent is not None for a in acc],
-        [-1 if a.position is None else a.position for a in acc],
-    )
-
-
 @pytest.mark.parametrize("name", available_policies(include_offline=False))
 def test_record_arrays_equals_record_many_for_every_policy(name: str) -> None:
     w = agentic_fanout_workload(n_tasks=20)
@@ -162,7 +149,7 @@ def test_record_arrays_equals_record_many_for_every_policy(name: str) -> None:
     a = make_policy(name, capacity_bytes=64 * BLOCK)
     b = make_policy(name, capacity_bytes=64 * BLOCK)
     a.record_many(acc)
-    assert b.record_arrays(*_columns(acc)) == len(acc)
+    assert b.record_arrays(*AccessColumns.of(acc)) == len(acc)
     now = acc[-1].time
     assert [(r.key, r.score) for r in a.rank(now)] == [(r.key, r.score) for r in b.rank(now)]
     assert a.select(now) == b.select(now)
@@ -207,7 +194,7 @@ def test_a_malformed_access_raises_after_the_ones_before_it_are_recorded() -> No
         assert _state(py) == _state(c)
         assert len(c._meta) == 10
     arr = KvcastPolicy(256 * BLOCK)
-    cols = _columns(good)
+    cols = AccessColumns.of(good)
     sizes = cols.sizes.copy()
     sizes[4] = 0
     with pytest.raises(InvalidAccessError, match="size must be > 0"):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,27 @@ class Probes:
         self.sw.after_packet_out.remove(self)
 
 
+def controller(
+    refswitch: RefSwitch, **loader_args: Any
+) -> tuple[SwitchClient, FragmentLoader, ForwardingDriver, PoolOwnerDriver]:
+    """A switch client (not connected yet) with a fragment loader, forwarding and pool drivers.
+
+    ``loader_args`` go to the FragmentLoader.
+    """
+    client = SwitchClient(config(refswitch))
+    loader = FragmentLoader(client, **loader_args)
+    forwarding, pools = ForwardingDriver(client), PoolOwnerDriver(client)
+    for driver in (forwarding, pools, loader):
+        client.add_driver(driver)
+    return client, loader, forwarding, pools
+
+
+async def route_misses_to_the_pool(forwarding: ForwardingDriver, pools: PoolOwnerDriver) -> None:
+    """Routes the pool subnet to the pool port and gives every bucket to the one pool node."""
+    await forwarding.add_route(Route("10.0.4.0/24", POOL_PORT, SWITCH_MAC, POOL_MAC))
+    await pools.set_nodes([PoolNode("pool", POOL_IP)])
+
+
 async def replace(loader: FragmentLoader) -> None:
     await loader.replace(ChunkId(TENANT, KEY_A), TENANT, KEY_B, DATA_B)
 
@@ -127,15 +149,9 @@ def test_no_get_racing_a_reload_receives_the_other_chunk(
     probes = Probes(refswitch)
 
     async def main() -> None:
-        client = SwitchClient(config(refswitch))
-        loader = FragmentLoader(client)
-        forwarding = ForwardingDriver(client)
-        pools = PoolOwnerDriver(client)
-        for driver in (forwarding, pools, loader):
-            client.add_driver(driver)
+        client, loader, forwarding, pools = controller(refswitch)
         async with client:
-            await forwarding.add_route(Route("10.0.4.0/24", POOL_PORT, SWITCH_MAC, POOL_MAC))
-            await pools.set_nodes([PoolNode("pool", POOL_IP)])
+            await route_misses_to_the_pool(forwarding, pools)
             a = await loader.load(TENANT, KEY_A, DATA_A)
             assert [probe(refswitch, KEY_A, i) for i in range(FRAGS)] == ["hit"] * FRAGS
             assert [probe(refswitch, KEY_B, i) for i in range(FRAGS)] == ["miss"] * FRAGS
@@ -227,14 +243,9 @@ def test_a_controller_killed_in_the_middle_of_a_reload_leaves_nothing_half_writt
         return True  # never reaches the pipeline: the controller is killed while it waits
 
     async def first_controller() -> tuple[int, int]:
-        client = SwitchClient(config(refswitch))
-        loader = FragmentLoader(client, ack_timeout_s=5.0)
-        forwarding, pools = ForwardingDriver(client), PoolOwnerDriver(client)
-        for driver in (forwarding, pools, loader):
-            client.add_driver(driver)
+        client, loader, forwarding, pools = controller(refswitch, ack_timeout_s=5.0)
         async with client:
-            await forwarding.add_route(Route("10.0.4.0/24", POOL_PORT, SWITCH_MAC, POOL_MAC))
-            await pools.set_nodes([PoolNode("pool", POOL_IP)])
+            await route_misses_to_the_pool(forwarding, pools)
             a = await loader.load(TENANT, KEY_A, DATA_A)
             keep = await loader.load(TENANT, KEY_C + 1, DATA_A)  # a whole chunk that stays
             refswitch.drop_packet_out = drop_after_first_of_b

@@ -73,6 +73,15 @@ def raw(url: str, method: str, data: bytes | None, headers: dict[str, str] | Non
         return int(exc.code)
 
 
+def refused(url: str, record: dict[str, object]) -> str:
+    """POSTs one report record that must be refused with 400; returns the error message."""
+    req = urllib.request.Request(url + "/v1/reports", data=body([record]), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 400
+    return str(json.loads(err.value.read())["error"])
+
+
 # ---------------------------------------------------------------------- parsing
 def test_a_full_record_parses_with_hex_and_integer_keys() -> None:
     (r,) = parse_reports(body([GOOD]))
@@ -112,13 +121,7 @@ def test_a_bad_class_is_answered_400_naming_the_field(
     api: tuple[Sink, ReportClient, str],
 ) -> None:
     sink, _, url = api
-    req = urllib.request.Request(
-        url + "/v1/reports", data=body([{**GOOD, "class": "hot"}]), method="POST"
-    )
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(req, timeout=5)
-    assert err.value.code == 400
-    error = json.loads(err.value.read())["error"]
+    error = refused(url, {**GOOD, "class": "hot"})
     assert "reports[0].class: expected one of static, transient" in error
     assert sink.got == []
 
@@ -186,13 +189,7 @@ def test_bad_input_is_answered_400_with_the_reason_and_the_server_stays_up(
     api: tuple[Sink, ReportClient, str],
 ) -> None:
     sink, client, url = api
-    req = urllib.request.Request(
-        url + "/v1/reports", data=body([{**GOOD, "key": "nope"}]), method="POST"
-    )
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(req, timeout=5)
-    assert err.value.code == 400
-    assert "reports[0].key" in json.loads(err.value.read())["error"]
+    assert "reports[0].key" in refused(url, {**GOOD, "key": "nope"})
     for junk in (b"", b"{", b"\x00\x01", b'"text"', b"[[]]"):
         assert raw(url + "/v1/reports", "POST", junk) == 400
     (r,) = parse_reports(body([GOOD]))

@@ -1,5 +1,7 @@
 """Fake KVP peers for fetch-client tests: a UDP server whose answers come from a function.
 
+``LoopThread`` (a loop on a thread, run by ``with``) and ``UdpLoop`` (one on a loopback UDP
+socket) are the bases of ``FakeServer``, ``MulticastRelay`` and the reference-switch bridge.
 Responders build on the real pool-node handler and then drop, corrupt, duplicate, reorder or
 mislabel its replies, or play the switch (HIT: the requested fragment only, from "SRAM").
 """
@@ -11,37 +13,80 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 from kvcast import p4constants as c
 from kvcast.backend import InMemoryBackend
+from kvcast.lifecycle import Service
 from kvcast.wire import KVP_STRUCT, KvpHeader, data_message, fragment_crc
 from poolnode.groups import ANY_GROUP
 from poolnode.server import KvpGetHandler
 
 Respond = Callable[[bytes], list[bytes]]
+Address = tuple[str, int]
+Mangle = Callable[[Address, bytes], bytes | None]
 
 
-class FakeServer:
+class LoopThread(Service):
+    """``_loop`` on a daemon thread from ``start()`` until ``stop()``, then ``close()``.
+
+    ``_loop`` runs until ``self._stop`` is set; ``with`` starts and stops it.
+
+    Args:
+        name: the thread's name (None: Python's default).
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Starts the loop's thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the loop, waits for its thread, then closes what the service holds."""
+        self._stop.set()
+        self._thread.join()
+        self.close()
+
+    def close(self) -> None:
+        """Frees what the service holds once its thread has ended (subclasses override it)."""
+
+
+class UdpLoop(LoopThread):
+    """A loop serving one UDP socket on 127.0.0.1 (a free port, 10 ms receive timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.01)
+
+    @property
+    def address(self) -> Address:
+        """The socket's address."""
+        host, port = self._sock.getsockname()
+        return host, port
+
+    def close(self) -> None:
+        """Closes the socket."""
+        self._sock.close()
+
+
+class FakeServer(UdpLoop):
     """A UDP server on 127.0.0.1 answering each datagram with ``respond(datagram)``.
 
     ``idle()`` of the responder, if it has one, runs whenever 10 ms pass without a datagram.
     """
 
     def __init__(self, respond: Respond) -> None:
+        super().__init__()
         self.respond = respond
         self.received = 0
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.settimeout(0.01)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._peer: tuple[str, int] | None = None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._sock.getsockname()
-        return host, port
+        self._peer: Address | None = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -57,20 +102,6 @@ class FakeServer:
             self._peer = peer
             for out in self.respond(data):
                 self._sock.sendto(out, peer)
-
-    def __enter__(self) -> FakeServer:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sock.close()
 
 
 def pool(backend: InMemoryBackend) -> Respond:
@@ -295,11 +326,7 @@ class Partial:
         return self.inner(datagram[:26] + struct.pack("!H", count) + datagram[28:])
 
 
-Address = tuple[str, int]
-Mangle = Callable[[Address, bytes], bytes | None]
-
-
-class MulticastRelay:
+class MulticastRelay(UdpLoop):
     """A fake switch VIP with multicast, on loopback.
 
     GETs are answered by the real pool-node handler. A DATA answering a GET that names a group
@@ -315,21 +342,12 @@ class MulticastRelay:
         groups: dict[int, list[Address]],
         mangle: Mangle | None = None,
     ) -> None:
+        super().__init__()
         self.handler = KvpGetHandler(backend, groups=ANY_GROUP)
         self.groups = groups
         self.mangle = mangle
         self.gets: dict[Address, int] = {}
         self.data_sent = 0
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.settimeout(0.01)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    @property
-    def address(self) -> Address:
-        host, port = self._sock.getsockname()
-        return host, port
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -351,17 +369,3 @@ class MulticastRelay:
                     out = bytes(raw) if self.mangle is None else self.mangle(member, bytes(raw))
                     if out is not None:
                         self._sock.sendto(out, member)
-
-    def __enter__(self) -> MulticastRelay:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sock.close()

@@ -26,15 +26,14 @@ import select
 import socket
 import struct
 import threading
-from types import TracebackType
-
-from finsy.proto import p4r
 
 from kvcast import p4constants as c
 from kvcast import wire
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm
+from kvcast.wire import ip_int, mac_int
 from tests.conformance.harness import InProcessRefTarget
+from tests.hostagent.fakes import LoopThread
 
 Address = tuple[str, int]
 
@@ -45,14 +44,6 @@ MAX_HOSTS = 4
 _K = wire.FRAME_KVP_OFFSET
 
 
-def _ip(text: str) -> int:
-    return int.from_bytes(wire.ip_bytes(text), "big")
-
-
-def _mac(text: str) -> int:
-    return int.from_bytes(wire.mac_bytes(text), "big")
-
-
 def host_ip(i: int) -> str:
     return f"10.0.0.{i}"
 
@@ -61,7 +52,7 @@ def host_mac(i: int) -> str:
     return f"00:00:00:00:00:{i:02x}"
 
 
-class RefSwitchBridge:
+class RefSwitchBridge(LoopThread):
     """The reference switch between loopback fetch clients and a loopback pool server.
 
     Args:
@@ -69,6 +60,7 @@ class RefSwitchBridge:
     """
 
     def __init__(self, pool_addr: Address) -> None:
+        super().__init__("refbridge")
         self.pool_addr = pool_addr
         self.target = InProcessRefTarget()
         self.client = self.target.client
@@ -79,8 +71,6 @@ class RefSwitchBridge:
         self._pool_owner: dict[int, tuple[int, int]] = {}  # socket fd -> (host, port)
         self._vip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._vip.bind(("127.0.0.1", 0))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="refbridge", daemon=True)
         self._program()
 
     @property
@@ -120,14 +110,14 @@ class RefSwitchBridge:
 
     def _program(self) -> None:
         cl, t = self.client, c
-        smac = _mac(SWITCH_MAC)
+        smac = mac_int(SWITCH_MAC)
         nodes = [(i, host_ip(i), host_mac(i)) for i in range(1, MAX_HOSTS + 1)]
         for port, ip, mac in [*nodes, (POOL_PORT, POOL_IP, POOL_MAC)]:
             cl.insert(
                 t.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                {"dst_addr": Lpm(_ip(ip), 32)},
+                {"dst_addr": Lpm(ip_int(ip), 32)},
                 t.ACTION_INGRESS_FORWARDING_ROUTE,
-                {"port": port, "smac": smac, "dmac": _mac(mac)},
+                {"port": port, "smac": smac, "dmac": mac_int(mac)},
             )
         for i, ip, mac in nodes:
             # Each host's port bound to its address, any tenant (an unknown port is denied).
@@ -135,33 +125,15 @@ class RefSwitchBridge:
                 t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
                 {"port": i},
                 t.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-                {"addr": _ip(ip), "check_tenant": 0},
+                {"addr": ip_int(ip), "check_tenant": 0},
             )
             cl.insert(
                 t.TABLE_EGRESS_REPLICA_REPLICA_DST,
                 {"rid": i},
                 t.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-                {"dmac": _mac(mac), "dip": _ip(ip), "dport": AGENT_PORT},
+                {"dmac": mac_int(mac), "dip": ip_int(ip), "dport": AGENT_PORT},
             )
-        cl.insert(
-            t.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
-            {"port": POOL_PORT},
-            t.ACTION_INGRESS_PORT_ROLE_SET_PORT_ROLE,
-            {"role": c.PORT_ROLE_POOL},
-        )
-        updates = []
-        for bucket in range(c.POOL_BUCKETS):
-            upd = p4r.Update(type=p4r.Update.INSERT)
-            upd.entity.table_entry.CopyFrom(
-                cl.table_entry(
-                    t.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
-                    {"bucket": bucket},
-                    t.ACTION_INGRESS_POOL_OWNER_SET_POOL,
-                    {"pool_ip": _ip(POOL_IP)},
-                )
-            )
-            updates.append(upd)
-        cl.write(updates)
+        cl.set_pool_node(POOL_PORT, ip_int(POOL_IP))
 
     # ------------------------------------------------------------------ data path
     def _loop(self) -> None:
@@ -219,18 +191,8 @@ class RefSwitchBridge:
                 self._vip.sendto(payload, dest)
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> RefSwitchBridge:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
+    def close(self) -> None:
+        """Closes the bridge's sockets and the switch (after ``stop`` has ended the loop)."""
         for sock in [self._vip, *self._pool_socks.values()]:
             sock.close()
         self.target.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from kvcast.backend import InMemoryBackend
 from kvcast.fetch import Address, FetchError, FetchOutcome, FetchReport, RecomputeReason
 from kvcast.wire import KvpHeader, nack_message
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import (
     Corrupting,
     Dropping,
@@ -80,15 +80,7 @@ def make_client(
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    b.put(TENANT, KEY, CHUNK)
-    return b
-
-
-@pytest.fixture
-def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
-    with PoolServer(backend, "127.0.0.1", 0) as srv:
-        yield srv
+    return backend_holding(TENANT, {KEY: CHUNK})
 
 
 def dst() -> torch.Tensor:

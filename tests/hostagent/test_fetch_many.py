@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from kvcast.fetch import ChunkRequest, FetchError, RecomputeReason
 from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.wire import KvpHeader, data_message
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, Gate, pool
 
 # Each test runs on the native data path and on the pure-Python one.
@@ -33,16 +33,7 @@ STEADY["deadline_s"] = 10
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    for k, data in CHUNKS.items():
-        b.put(TENANT, k, data)
-    return b
-
-
-@pytest.fixture
-def pool_server(backend: InMemoryBackend) -> Iterator[PoolServer]:
-    with PoolServer(backend, "127.0.0.1", 0) as srv:
-        yield srv
+    return backend_holding(TENANT, CHUNKS)
 
 
 def requests(keys: list[int]) -> list[ChunkRequest]:

@@ -8,6 +8,7 @@ test_group_emulation.py runs it as a switch process in Mininet.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -26,6 +27,7 @@ from kvcast.fetch import Address, FetchError, FetchReport, RecomputeReason
 from kvcast.wire import KvpHeader
 from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import FakeServer, MulticastRelay, Recording, silent
 from tests.hostagent.refbridge import RefSwitchBridge
 
@@ -53,6 +55,22 @@ def client(
     )
 
 
+@contextlib.contextmanager
+def leader_and_follower(
+    backend: InMemoryBackend,
+) -> Iterator[tuple[MulticastRelay, FetchClient, FetchClient]]:
+    """A multicast relay and two clients, leader and follower, both members of ``GROUP``.
+
+    The clients are closed after the relay has stopped.
+    """
+    relay = MulticastRelay(backend, {})
+    lead = client(relay.address, None, GROUP)
+    fol = client(relay.address, None, GROUP)
+    relay.groups[GROUP] = [lead.address, fol.address]
+    with lead, fol, relay:
+        yield relay, lead, fol
+
+
 def dst() -> torch.Tensor:
     return torch.zeros(len(CHUNK), dtype=torch.uint8)
 
@@ -63,9 +81,7 @@ def as_bytes(t: torch.Tensor) -> bytes:
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    b.put(TENANT, KEY, CHUNK)
-    return b
+    return backend_holding(TENANT, {KEY: CHUNK})
 
 
 @pytest.fixture
@@ -170,10 +186,7 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
 ) -> None:
     other = os.urandom(4 * c.FRAG_BYTES)
     backend.put(TENANT, KEY + 1, other)
-    with MulticastRelay(backend, {}) as relay:
-        lead = client(relay.address, None, GROUP)
-        fol = client(relay.address, None, GROUP)
-        relay.groups[GROUP] = [lead.address, fol.address]
+    with leader_and_follower(backend) as (relay, lead, fol):
         other_buf = torch.zeros(len(other), dtype=torch.uint8)
         assert lead.fetch(TENANT, KEY + 1, other_buf).ok
         out = dst()
@@ -183,8 +196,6 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
         relay.groups[GROUP] = []
         later = torch.zeros(len(other), dtype=torch.uint8)
         kept = fol.follow(TENANT, KEY + 1, later, stall_s=0.1)
-    lead.close()
-    fol.close()
     assert report.ok and report.stalled
     assert report.stashed >= 1 and report.frags_stream == 0
     assert as_bytes(out) == CHUNK
@@ -195,18 +206,13 @@ def test_follower_keeps_the_stream_of_another_chunk_for_its_turn(
 def test_discarding_pending_datagrams_drops_the_stash_too(backend: InMemoryBackend) -> None:
     other = os.urandom(4 * c.FRAG_BYTES)
     backend.put(TENANT, KEY + 1, other)
-    with MulticastRelay(backend, {}) as relay:
-        lead = client(relay.address, None, GROUP)
-        fol = client(relay.address, None, GROUP)
-        relay.groups[GROUP] = [lead.address, fol.address]
+    with leader_and_follower(backend) as (relay, lead, fol):
         assert lead.fetch(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8)).ok
         assert fol.follow(TENANT, KEY, dst(), stall_s=0.1).ok
         assert fol.discard_pending() >= 1
         relay.groups[GROUP] = []
         report = fol.follow(TENANT, KEY + 1, torch.zeros(len(other), dtype=torch.uint8),
                             stall_s=0.05)  # fmt: skip
-    lead.close()
-    fol.close()
     assert report.ok and report.stalled and report.frags_stream == 0
 
 

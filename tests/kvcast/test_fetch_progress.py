@@ -18,6 +18,7 @@ from kvcast.backend import InMemoryBackend
 from kvcast.fetch import ChunkRequest, FetchClient, FetchReport, RecomputeReason
 from kvcast.integrity import SEGMENT_BYTES, chunk_mac, mac_key_of
 from poolnode.server import PoolServer
+from tests.conftest import backend_holding
 from tests.hostagent.fakes import Corrupting, Dropping, FakeServer, Partial, Respond
 
 pytestmark = pytest.mark.usefixtures("data_path")
@@ -30,10 +31,7 @@ FAST = {"timeout_s": 0.02, "max_timeout_s": 0.08, "max_retries": 2, "deadline_s"
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    for k, data in CHUNKS.items():
-        b.put(TENANT, k, data)
-    return b
+    return backend_holding(TENANT, CHUNKS)
 
 
 @pytest.fixture

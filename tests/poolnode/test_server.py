@@ -24,6 +24,7 @@ from poolnode.server import (
     frags_per_data,
     serve_asyncio,
 )
+from tests.conftest import backend_holding
 
 TENANT, KEY = 7, 0xFEEDFACECAFEBEEF
 NFRAGS = 23
@@ -32,9 +33,7 @@ CHUNK = os.urandom(NFRAGS * c.FRAG_BYTES - 100)  # last fragment shorter
 
 @pytest.fixture
 def backend() -> InMemoryBackend:
-    b = InMemoryBackend()
-    b.put(TENANT, KEY, CHUNK)
-    return b
+    return backend_holding(TENANT, {KEY: CHUNK})
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from emulation.targets import load_p4info
 from kvcast import p4constants as c
 from kvcast import wire
+from kvcast.wire import ip_int
 from refswitch.pipeline import PACKET_OUT_LEN, Pipeline, initial_defaults
 from refswitch.state import SwitchState
 from refswitch.tables import ActionCall, Lpm
@@ -54,10 +55,6 @@ class Load:
     written: int = 0
 
 
-def _ip(text: str) -> int:
-    return int.from_bytes(wire.ip_bytes(text), "big")
-
-
 class EpochInterleavings(RuleBasedStateMachine):
     """Loads, WRITEs, entry changes and GETs in any order against one reference pipeline."""
 
@@ -71,7 +68,7 @@ class EpochInterleavings(RuleBasedStateMachine):
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             [HOST_PORT],
             ActionCall(
-                c.ACTION_INGRESS_PORT_ROLE_BIND_HOST, {"addr": _ip(HOST_IP), "check_tenant": 1}
+                c.ACTION_INGRESS_PORT_ROLE_BIND_HOST, {"addr": ip_int(HOST_IP), "check_tenant": 1}
             ),
         )
         self.state.insert_entry(
@@ -81,7 +78,7 @@ class EpochInterleavings(RuleBasedStateMachine):
         )
         self.state.insert_entry(
             c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-            [Lpm(_ip(POOL_IP), 32)],
+            [Lpm(ip_int(POOL_IP), 32)],
             ActionCall(
                 c.ACTION_INGRESS_FORWARDING_ROUTE,
                 {"port": POOL_PORT, "smac": 2, "dmac": 3},
@@ -91,7 +88,7 @@ class EpochInterleavings(RuleBasedStateMachine):
             self.state.insert_entry(
                 c.TABLE_INGRESS_POOL_OWNER_POOL_OWNER,
                 [bucket],
-                ActionCall(c.ACTION_INGRESS_POOL_OWNER_SET_POOL, {"pool_ip": _ip(POOL_IP)}),
+                ActionCall(c.ACTION_INGRESS_POOL_OWNER_SET_POOL, {"pool_ip": ip_int(POOL_IP)}),
             )
         self.next_epoch = 1
         self.loads: list[Load] = []

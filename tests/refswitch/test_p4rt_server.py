@@ -166,6 +166,13 @@ def write(stub: p4r_grpc.P4RuntimeStub, *updates: p4r.Update, **fields: Any) -> 
     stub.Write(p4r.WriteRequest(device_id=1, updates=list(updates), **fields))
 
 
+def set_config(
+    stub: p4r_grpc.P4RuntimeStub, action: int, config: p4r.ForwardingPipelineConfig
+) -> p4r.SetForwardingPipelineConfigResponse:
+    """SetForwardingPipelineConfig of ``config`` on device 1 with ``action`` (a ``Set`` action)."""
+    return stub.SetForwardingPipelineConfig(Set(device_id=1, action=action, config=config))
+
+
 def status_of(call: Callable[[], object]) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         call()
@@ -289,12 +296,10 @@ def test_finsy_installs_pipeline_and_get_returns_each_part(
 
 def test_verify_checks_without_installing(stub: p4r_grpc.P4RuntimeStub, state: SwitchState) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info())
-    stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY, config=config))
+    set_config(stub, Set.VERIFY, config)
     assert not state.ready
     config.p4info.tables[0].action_refs.add(id=0x01FFFFFF)
-    err = status_of(
-        lambda: stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY, config=config))
-    )
+    err = status_of(lambda: set_config(stub, Set.VERIFY, config))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -302,7 +307,7 @@ def test_verify_and_save_installs_only_on_commit(
     stub: p4r_grpc.P4RuntimeStub, state: SwitchState
 ) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=BLOB_V2)
-    stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY_AND_SAVE, config=config))
+    set_config(stub, Set.VERIFY_AND_SAVE, config)
     assert not state.ready
     stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.COMMIT))
     assert state.ready and state.device_config == BLOB_V2
@@ -319,11 +324,9 @@ def test_reconcile_and_commit_keeps_entries_while_verify_and_commit_clears(
 ) -> None:
     installed.insert_entry(CACHE, [KEY, MAC], hit(3))
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info())
-    stub.SetForwardingPipelineConfig(
-        Set(device_id=1, action=Set.RECONCILE_AND_COMMIT, config=config)
-    )
+    set_config(stub, Set.RECONCILE_AND_COMMIT, config)
     assert installed.lookup(CACHE, (KEY, MAC))[0] == hit(3)
-    stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config))
+    set_config(stub, Set.VERIFY_AND_COMMIT, config)
     assert installed.lookup(CACHE, (KEY, MAC))[1] is None
 
 
@@ -729,11 +732,7 @@ def test_p4info_of_unsupported_match_kind_is_unimplemented(
     p4info = make_p4info()
     p4info.tables[0].match_fields[0].other_match_type = "selector"
     config = p4r.ForwardingPipelineConfig(p4info=p4info)
-    err = status_of(
-        lambda: stub.SetForwardingPipelineConfig(
-            Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config)
-        )
-    )
+    err = status_of(lambda: set_config(stub, Set.VERIFY_AND_COMMIT, config))
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -776,11 +775,7 @@ def test_a_device_config_that_is_not_this_programs_bmv2_json_is_refused(
     stub: p4r_grpc.P4RuntimeStub, state: SwitchState, blob: bytes
 ) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=blob)
-    err = status_of(
-        lambda: stub.SetForwardingPipelineConfig(
-            Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config)
-        )
-    )
+    err = status_of(lambda: set_config(stub, Set.VERIFY_AND_COMMIT, config))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "device_config" in (err.details() or "")
     assert not state.ready
@@ -788,9 +783,7 @@ def test_a_device_config_that_is_not_this_programs_bmv2_json_is_refused(
 
 def test_verify_checks_the_device_config_too(stub: p4r_grpc.P4RuntimeStub) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info(), p4_device_config=b"garbage")
-    err = status_of(
-        lambda: stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY, config=config))
-    )
+    err = status_of(lambda: set_config(stub, Set.VERIFY, config))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -798,7 +791,7 @@ def test_an_empty_device_config_is_the_reference_targets_own(
     stub: p4r_grpc.P4RuntimeStub, state: SwitchState
 ) -> None:
     config = p4r.ForwardingPipelineConfig(p4info=make_p4info())
-    stub.SetForwardingPipelineConfig(Set(device_id=1, action=Set.VERIFY_AND_COMMIT, config=config))
+    set_config(stub, Set.VERIFY_AND_COMMIT, config)
     assert state.ready and state.device_config == b""
 
 
