@@ -25,13 +25,14 @@ from typing import Any
 
 from finsy.proto import p4r
 
-from emulation.network import Cluster, _ip, _mac
+from emulation.network import Cluster
 from emulation.switches import P4Switch, RefSwitch, default_switch_class
 from emulation.targets import BMV2_JSON_PATH
 from emulation.topo import SWITCH_MAC, FabricSpec, LeafSpineTopo, NodeAddr, fabric_addresses
 from kvcast import p4constants as c
 from kvcast.fabric import Attachment, FabricPlan, TreeStep, Uplink, tree_steps
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.wire import ip_int, mac_int
 
 T_MEMBER = c.TABLE_INGRESS_PORT_ROLE_GROUP_MEMBER
 
@@ -171,8 +172,8 @@ class FabricCluster(Cluster):
     def _route(self, switch: str, node: NodeAddr) -> dict[str, int]:
         """The ``route`` action's parameters on ``switch`` toward ``node``."""
         port, via = self.plan.next_hop(switch, node.name)
-        smac = _mac(SWITCH_MAC)
-        return {"port": port, "smac": smac, "dmac": _mac(node.mac) if via is None else smac}
+        smac = mac_int(SWITCH_MAC)
+        return {"port": port, "smac": smac, "dmac": mac_int(node.mac) if via is None else smac}
 
     def take_spine_down(self, spine: str) -> None:
         """Moves every route and tree off ``spine`` (dead, or to be serviced).
@@ -240,7 +241,7 @@ class FabricCluster(Cluster):
                 if node.switch != leaf:
                     cl.modify(
                         c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-                        {"dst_addr": Lpm(_ip(node.ip), 32)},
+                        {"dst_addr": Lpm(ip_int(node.ip), 32)},
                         c.ACTION_INGRESS_FORWARDING_ROUTE,
                         self._route(leaf, node),
                     )

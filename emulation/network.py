@@ -54,19 +54,12 @@ from kvcast import p4constants as c
 from kvcast.lifecycle import Service
 from kvcast.ports import AGENT_PORT
 from kvcast.tools.p4rt_client import Lpm, P4RuntimeClient
+from kvcast.wire import ip_int, mac_int
 
 CLUSTER_LOCK = Path("/run/lock/kvcast-cluster.lock")
 """Held by every running cluster of this machine (see the module's docstring)."""
 
 _LEFTOVER_INTF = re.compile(r"^((?:h|p|s)\d+-eth\d+)[@:]")
-
-
-def _ip(text: str) -> int:
-    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
 
 
 def cleanup_leftovers() -> list[str]:
@@ -289,9 +282,9 @@ class Cluster(Service):
 
     def _program_switch(self) -> None:
         cl = self.client
-        smac = _mac(SWITCH_MAC)
+        smac = mac_int(SWITCH_MAC)
         for node in self.nodes.values():
-            route = {"port": node.port, "smac": smac, "dmac": _mac(node.mac)}
+            route = {"port": node.port, "smac": smac, "dmac": mac_int(node.mac)}
             self._program_node(cl, node, route, attached=True)
         self._program_defaults(cl, fabric_ports=[])
 
@@ -306,7 +299,7 @@ class Cluster(Service):
         """
         cl.insert(
             c.TABLE_INGRESS_FORWARDING_IPV4_LPM,
-            {"dst_addr": Lpm(_ip(node.ip), 32)},
+            {"dst_addr": Lpm(ip_int(node.ip), 32)},
             c.ACTION_INGRESS_FORWARDING_ROUTE,
             route,
         )
@@ -314,7 +307,7 @@ class Cluster(Service):
             return
         cl.insert(
             c.TABLE_INGRESS_FORWARDING_L2_FWD,
-            {"dst_addr": _mac(node.mac)},
+            {"dst_addr": mac_int(node.mac)},
             c.ACTION_INGRESS_FORWARDING_L2_FORWARD,
             {"port": node.port},
         )
@@ -330,14 +323,14 @@ class Cluster(Service):
             c.TABLE_EGRESS_REPLICA_REPLICA_DST,
             {"rid": node.port},
             c.ACTION_EGRESS_REPLICA_SET_REPLICA_DST,
-            {"dmac": _mac(node.mac), "dip": _ip(node.ip), "dport": AGENT_PORT},
+            {"dmac": mac_int(node.mac), "dip": ip_int(node.ip), "dport": AGENT_PORT},
         )
         tenants = self.spec.tenants
         cl.insert(
             c.TABLE_INGRESS_PORT_ROLE_PORT_ROLE,
             {"port": node.port},
             c.ACTION_INGRESS_PORT_ROLE_BIND_HOST,
-            {"addr": _ip(node.ip), "check_tenant": int(tenants is not None)},
+            {"addr": ip_int(node.ip), "check_tenant": int(tenants is not None)},
         )
         for tenant in tenants or ():
             cl.insert(
@@ -375,7 +368,7 @@ class Cluster(Service):
         """Each pool bucket's pool node address: bucket b to ``owners[b mod len(owners)]``."""
         pools = self.pools()
         owners = self._pool_owners or list(range(len(pools)))
-        return [_ip(pools[owners[b % len(owners)]].ip) for b in range(c.POOL_BUCKETS)]
+        return [ip_int(pools[owners[b % len(owners)]].ip) for b in range(c.POOL_BUCKETS)]
 
     def set_pool_owners(self, owners: Sequence[int]) -> None:
         """Spreads the pool buckets over the pool nodes ``owners`` (on a star's one switch).
