@@ -57,13 +57,13 @@ def _saved(base: float, value: float) -> float:
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    """Run Q1.
+    """Replays each workload unicast, multicast and with each policy and SRAM budget.
 
     Args:
         args: parsed command line (see :func:`main`).
 
     Returns:
-        The result lines.
+        The ``result q1 ...`` lines, one per run.
     """
     model = MODELS[args.model]
     base = ClusterConfig(hosts=args.hosts, model=model)

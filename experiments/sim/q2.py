@@ -60,13 +60,13 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    """Run Q2.
+    """Replays each workload, routing and host count for each model, DRAM size and tier rule.
 
     Args:
         args: parsed command line (see :func:`main`).
 
     Returns:
-        The result lines.
+        The ``result q2 ...`` lines, one per run.
     """
     lines: list[str] = []
     rows: list[dict[str, Any]] = []

@@ -206,13 +206,13 @@ def _demote_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, A
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    """Run Q3.
+    """Runs the parts in ``args.parts`` (``sram``, ``demote``); writes their CSVs and figure.
 
     Args:
         args: parsed command line (see :func:`main`).
 
     Returns:
-        The result lines.
+        The ``result q3 ...`` lines, one per run.
     """
     lines: list[str] = []
     out: Path = args.out

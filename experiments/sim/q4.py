@@ -249,13 +249,13 @@ def _trace_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, An
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    """Run Q4.
+    """Runs the parts in ``args.parts`` (``burst``: the break-even, ``trace``); CSVs, figures.
 
     Args:
         args: parsed command line (see :func:`main`).
 
     Returns:
-        The result lines.
+        The ``result q4 ...`` lines, one per run.
     """
     lines: list[str] = []
     out: Path = args.out
