@@ -54,8 +54,8 @@ the policy, :class:`~controlplane.apply.DecisionApplier` (the writes),
 :class:`~controlplane.pusher.EnginePusher` (the engine pushes),
 :class:`~controlplane.metrics.ControllerMetrics` and, on a leaf-spine fabric,
 :class:`~controlplane.fabric.FabricTrees` (every multicast group one tree across the switches;
-spine failover); each switch is a :class:`~controlplane.runtime.SwitchRuntime`. It logs under
-``controlplane.daemon``.
+spine and link failover, ``/v1/fabric/links``); each switch is a
+:class:`~controlplane.runtime.SwitchRuntime`. It logs under ``controlplane.daemon``.
 
 Classes:
     Controller: the daemon (start, tick, stop, report intake, push planning, status).
@@ -200,6 +200,11 @@ class Controller:
                 **report_routes(self),
                 **self.intake.routes(),
                 **(self.pusher.routes() if self.pusher is not None else {}),
+                **(
+                    self.fabric.routes(asyncio.get_running_loop())
+                    if self.fabric is not None
+                    else {}
+                ),
             },
             max_body_bytes=api.max_body_bytes,
             name="report-api",

@@ -22,6 +22,7 @@ Classes:
     OutOfEntriesError: every cache entry is in use.
     SlotConflictError: a reserved range overlaps an allocated one.
     InvalidFreeError: freeing a range that is not allocated as given.
+    FabricCutError: a spine or link out of service would cut two leaves apart.
     ResourceExhaustedError: a driver ran out of ids (multicast groups, replica ids).
     NotInstalledError: an operation names something the driver has not installed.
 """
@@ -172,6 +173,10 @@ class SlotConflictError(AllocationError):
 
 class InvalidFreeError(AllocationError):
     """Freeing a range that is not allocated exactly as given (double free or wrong size)."""
+
+
+class FabricCutError(ControlPlaneError):
+    """Taking a spine or link out of service would leave two leaves with no spine between them."""
 
 
 class ResourceExhaustedError(ControlPlaneError):

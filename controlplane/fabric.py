@@ -21,13 +21,23 @@ A spine that has no session ``absent_grace_s`` after the daemon started (dead, o
 unreachable, when the daemon came up) is taken out of service the same way, and comes back the
 same way once a session of it is up.
 
+Link failover: P4Runtime says which switches are in session, not which links carry packets
+(a port's operational state is gNMI's, and counters that stop say nothing the traffic could not
+also say), so the daemon learns of a leaf-spine link out of service, and back, from an operator
+or a monitor: ``POST /v1/fabric/links`` with ``{"leaf", "spine", "up"}``. A link down is put in
+the plan's ``down_links``; every tree that crossed it is moved to a spine whose links to all its
+leaves are up, make before break as for a spine, and the leaves' routes that crossed it move,
+one MODIFY each; a link up spreads them back. A spine or link whose loss would leave two leaves
+with no spine in service between them is not taken out (there is nowhere to move to): a spine's
+is logged, a link's refused (409).
+
 A switch that is not reachable while a tree changes is skipped: its part is written by its
 next session (this module's driver re-installs every tree's part on each switch after the
 multicast driver reconciled it).
 
 Classes:
     FabricTrees: the trees (create, update, delete by member set), failover and return of
-        spines, their status.
+        spines and links, their status and the links' HTTP routes.
 """
 
 from __future__ import annotations
@@ -35,30 +45,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import Coroutine, Iterable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 from controlplane.drivers.multicast import GroupIds
 from controlplane.errors import (
     ConfigError,
     ControlPlaneError,
+    FabricCutError,
     NotInstalledError,
     SwitchUnavailableError,
 )
 from controlplane.metrics import ControllerMetrics
 from controlplane.p4rt import ConnectionState, SessionInfo
+from controlplane.reports import Handler, Response
 from controlplane.runtime import SwitchRuntime
 from kvcast import p4constants as c
 from kvcast.fabric import FabricPlan, TreeStep, tree_steps
 
-__all__ = ["FabricTrees"]
+__all__ = ["LINKS_PATH", "FabricTrees"]
 
 _LOG = logging.getLogger("controlplane.daemon")
 
 ABSENT_GRACE_S = 5.0
 """How long after the start a spine may take to reach its first session before it is taken
 out of service (the others' first sessions take well under a second on loopback)."""
+
+LINKS_PATH = "/v1/fabric/links"
+"""``POST``: a leaf-spine link out of service or back; ``GET``: every link and its state."""
+
+LINK_MOVE_TIMEOUT_S = 30.0
+"""How long ``POST /v1/fabric/links`` waits for the move before it answers 504 (it goes on)."""
 
 Tree = dict[str, list[tuple[int, int]]]
 
@@ -106,10 +126,18 @@ class FabricTrees:
                 metrics.spine_in_service.labels(name).set_function(
                     functools.partial(self._in_service, name)
                 )
+        for leaf in plan.leaves:
+            for spine in plan.spines:
+                metrics.fabric_link_up.labels(leaf, spine).set_function(
+                    functools.partial(self._link_up, leaf, spine)
+                )
 
     # ------------------------------------------------------------------ state
     def _in_service(self, spine: str) -> float:
         return float(spine not in self.plan.down_spines)
+
+    def _link_up(self, leaf: str, spine: str) -> float:
+        return float((leaf, spine) not in self.plan.down_links)
 
     def groups(self) -> dict[int, frozenset[str]]:
         """The trees: id -> member host names."""
@@ -132,7 +160,7 @@ class FabricTrees:
             raise NotInstalledError(f"no multicast group {gid}") from None
 
     def status(self) -> dict[str, Any]:
-        """The spines in service and out, and how many trees each spine carries."""
+        """The spines and links in service and out, and how many trees each spine carries."""
         by_spine = dict.fromkeys(self.plan.spines, 0)
         for tree in self._trees.values():
             for sw in tree:
@@ -141,6 +169,7 @@ class FabricTrees:
         return {
             "spines_in_service": self.plan.live_spines(),
             "spines_down": sorted(self.plan.down_spines),
+            "links_down": [{"leaf": lf, "spine": sp} for lf, sp in sorted(self.plan.down_links)],
             "trees": len(self._trees),
             "trees_by_spine": by_spine,
         }
@@ -322,7 +351,8 @@ class FabricTrees:
     async def take_spine_down(self, spine: str, unless_in_session: bool = False) -> None:
         """Moves every route and tree off ``spine``, make before break (module docstring).
 
-        The last spine in service stays (there is nowhere to move to); that is logged.
+        The last spine in service stays, and so does one without which two leaves would have
+        no spine in service between them (there is nowhere to move to); that is logged.
 
         Args:
             spine: the spine.
@@ -338,14 +368,18 @@ class FabricTrees:
                 return
             if unless_in_session and spine in self._installed:
                 return
-            if set(self.plan.live_spines()) <= {spine}:
+            self.plan.down_spines.add(spine)
+            cut = self.plan.cut_leaves()
+            if cut or not self.plan.live_spines():
+                self.plan.down_spines.discard(spine)
                 _LOG.error(
-                    "spine %s lost, and it is the last spine in service: nothing to move to",
+                    "spine %s lost, and no spine in service would be left (between %s): "
+                    "nothing to move to",
                     spine,
+                    cut or "any leaves",
                     extra={"event": "spine_down", "switch": spine, "moved": False},
                 )
                 return
-            self.plan.down_spines.add(spine)
             await self._move("spine_down", spine)
 
     async def bring_spine_up(self, spine: str) -> None:
@@ -357,8 +391,103 @@ class FabricTrees:
             self.plan.down_spines.discard(spine)
             await self._move("spine_up", spine)
 
-    async def _move(self, reason: str, spine: str) -> None:
-        """Re-points every tree, then the leaves' routes, at the spines in service."""
+    # ------------------------------------------------------------------ links
+    def _check_link(self, leaf: str, spine: str) -> None:
+        if not self.plan.has_link(leaf, spine):
+            raise ConfigError(f"{leaf!r}-{spine!r} is not a leaf-spine link of this fabric")
+
+    async def take_link_down(self, leaf: str, spine: str) -> bool:
+        """Moves every route and tree off the ``leaf``-``spine`` link, make before break.
+
+        Returns:
+            Whether it was in service (False: already out, nothing moved).
+
+        Raises:
+            ConfigError: no such link.
+            FabricCutError: two leaves would have no spine in service between them; the link
+                stays in service.
+        """
+        self._check_link(leaf, spine)
+        async with self._lock:
+            if (leaf, spine) in self.plan.down_links:
+                return False
+            self.plan.down_links.add((leaf, spine))
+            cut = self.plan.cut_leaves()
+            if cut:
+                self.plan.down_links.discard((leaf, spine))
+                raise FabricCutError(
+                    f"taking {leaf}-{spine} out of service would leave no spine in service "
+                    f"between the leaves of {cut}: it stays in service"
+                )
+            await self._move("link_down", f"{leaf}-{spine}")
+        return True
+
+    async def bring_link_up(self, leaf: str, spine: str) -> bool:
+        """Puts the ``leaf``-``spine`` link back in service; routes and trees spread again.
+
+        Returns:
+            Whether it was out of service (False: already in, nothing moved).
+
+        Raises:
+            ConfigError: no such link.
+        """
+        self._check_link(leaf, spine)
+        async with self._lock:
+            if (leaf, spine) not in self.plan.down_links:
+                return False
+            self.plan.down_links.discard((leaf, spine))
+            await self._move("link_up", f"{leaf}-{spine}")
+        return True
+
+    def links(self) -> list[dict[str, Any]]:
+        """Every leaf-spine link and whether it is in service."""
+        return [
+            {"leaf": lf, "spine": sp, "up": (lf, sp) not in self.plan.down_links}
+            for lf in self.plan.leaves
+            for sp in self.plan.spines
+        ]
+
+    def routes(self, loop: asyncio.AbstractEventLoop) -> dict[tuple[str, str], Handler]:
+        """``POST /v1/fabric/links`` (a link out of service or back) and ``GET`` (the links).
+
+        The POST body is ``{"leaf": "s1", "spine": "s3", "up": false}``; it is answered once
+        the routes and trees have moved: ``200 {"changed": bool, "links_down": [...]}``,
+        ``400`` for a body that is not such an object or names no link of the fabric, ``409``
+        when the link is the last between two leaves (it stays in service), ``504`` when the
+        move takes longer than :data:`LINK_MOVE_TIMEOUT_S` (it goes on).
+
+        Args:
+            loop: the daemon's event loop (the HTTP server's threads hand the move to it).
+        """
+
+        def post(body: bytes) -> Response:
+            try:
+                leaf, spine, up = _parse_link(body)
+                self._check_link(leaf, spine)
+            except ConfigError as exc:
+                return Response.json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            work = self.bring_link_up(leaf, spine) if up else self.take_link_down(leaf, spine)
+            moved = asyncio.run_coroutine_threadsafe(work, loop)
+            try:
+                changed = moved.result(LINK_MOVE_TIMEOUT_S)
+            except FabricCutError as exc:
+                return Response.json(HTTPStatus.CONFLICT, {"error": str(exc)})
+            except TimeoutError:
+                return Response.json(
+                    HTTPStatus.GATEWAY_TIMEOUT,
+                    {"error": f"not moved within {LINK_MOVE_TIMEOUT_S} s; the move goes on"},
+                )
+            return Response.json(
+                HTTPStatus.OK, {"changed": changed, "links_down": self.status()["links_down"]}
+            )
+
+        def listing(_body: bytes) -> Response:
+            return Response.json(HTTPStatus.OK, {"links": self.links()})
+
+        return {("POST", LINKS_PATH): post, ("GET", LINKS_PATH): listing}
+
+    async def _move(self, reason: str, subject: str) -> None:
+        """Re-points every tree, then the leaves' routes, at the spines and links in service."""
         moved = 0
         for gid in sorted(self._trees):
             before = self._trees[gid]
@@ -369,7 +498,7 @@ class FabricTrees:
                     "tree %d not moved: %s",
                     gid,
                     exc,
-                    extra={"event": "fabric_error", "switch": spine, "group": gid},
+                    extra={"event": "fabric_error", "subject": subject, "group": gid},
                 )
             moved += self._trees[gid] != before
         for leaf in self.plan.leaves:
@@ -381,10 +510,10 @@ class FabricTrees:
         _LOG.warning(
             "fabric moved: %s %s",
             reason,
-            spine,
+            subject,
             extra={
                 "event": reason,
-                "switch": spine,
+                "subject": subject,
                 "trees_moved": moved,
                 "spines_in_service": self.plan.live_spines(),
             },
@@ -408,6 +537,24 @@ class _TreeDriver:
     async def reinstall(self, session: SessionInfo) -> None:
         del session  # the multicast driver reconciled what the switch holds already
         await self._trees.reinstall_switch(self._name)
+
+
+def _parse_link(body: bytes) -> tuple[str, str, bool]:
+    """``{"leaf": str, "spine": str, "up": bool}`` from a request body.
+
+    Raises:
+        ConfigError: not JSON, not such an object, a field missing, of the wrong type, or extra.
+    """
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"the body is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"leaf", "spine", "up"}:
+        raise ConfigError('the body must be {"leaf": name, "spine": name, "up": true|false}')
+    leaf, spine, up = doc["leaf"], doc["spine"], doc["up"]
+    if not isinstance(leaf, str) or not isinstance(spine, str) or not isinstance(up, bool):
+        raise ConfigError('"leaf" and "spine" must be names, "up" true or false')
+    return leaf, spine, up
 
 
 def _fabric_of(replicas: Iterable[tuple[int, int]]) -> list[int]:

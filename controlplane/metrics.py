@@ -199,10 +199,18 @@ class ControllerMetrics:
             "1 while a fabric spine carries routes and trees, 0 while out of service (lost)",
             "switch",
         )
+        self.fabric_link_up = gauge(
+            "fabric_link_up",
+            "1 while a leaf-spine link carries routes and trees, 0 while out of service (as "
+            "POST /v1/fabric/links said)",
+            "leaf",
+            "spine",
+        )
         self.fabric_moves = counter(
             "fabric_moves",
             "Times the fabric's routes and trees moved: spine_down (a spine's session was "
-            "lost), spine_up (it came back)",
+            "lost), spine_up (it came back), link_down and link_up (a leaf-spine link out of "
+            "service and back, as POST /v1/fabric/links said)",
             "reason",
         )
         self.ticks = counter("ticks", "Decision ticks run")

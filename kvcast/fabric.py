@@ -137,6 +137,19 @@ class FabricPlan:
             if s not in self.down_spines and all((lf, s) not in self.down_links for lf in wanted)
         ]
 
+    def cut_leaves(self) -> list[tuple[str, str]]:
+        """The pairs of leaves that no spine in service connects over links in service."""
+        return [
+            (a, b)
+            for i, a in enumerate(self.leaves)
+            for b in self.leaves[i + 1 :]
+            if not self.live_spines([a, b])
+        ]
+
+    def has_link(self, leaf: str, spine: str) -> bool:
+        """Whether ``leaf``-``spine`` is a link of this fabric."""
+        return (leaf, spine) in self._up
+
     def route_spine(self, dest_leaf: str, src_leaf: str | None = None) -> str:
         """The spine a leaf sends traffic for ``dest_leaf`` through.
 

@@ -38,13 +38,15 @@ from .test_p4rt_harness import (
 )
 
 
-def http(ctl: Controller, method: str, path: str, doc: object = None) -> tuple[int, Any]:
+def http(
+    ctl: Controller, method: str, path: str, doc: object = None, timeout_s: float = 5.0
+) -> tuple[int, Any]:
     address = ctl.report_address
     assert address is not None
     data = None if doc is None else json.dumps(doc).encode()
     req = urllib.request.Request(f"http://{address[0]}:{address[1]}{path}", data, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=5) as reply:
+        with urllib.request.urlopen(req, timeout=timeout_s) as reply:
             return int(reply.status), json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return int(exc.code), json.loads(exc.read())

@@ -24,6 +24,7 @@ import pytest
 
 from controlplane.config import parse_config
 from controlplane.daemon import Controller
+from controlplane.fabric import FabricTrees
 from emulation.targets import SwitchProcess, load_p4info
 from kvcast import p4constants as c
 from kvcast import wire
@@ -171,6 +172,15 @@ def moves(ctl: Controller, reason: str) -> float | None:
     return _sample(ctl, "kvcast_controller_fabric_moves_total", reason=reason)
 
 
+async def two_trees(ctl: Controller) -> tuple[FabricTrees, int, int]:
+    """The daemon's trees, and two made: g1 (h1 h3, from p1: through s3), g2 (h2 h4, p2: s4)."""
+    trees = ctl.fabric
+    assert trees is not None
+    g1 = await trees.create_group(["h1", "h3"], pool="p1")
+    g2 = await trees.create_group(["h2", "h4"], pool="p2")
+    return trees, g1, g2
+
+
 def test_a_group_over_two_leaves_is_one_tree_through_one_spine(fabric: Fabric) -> None:
     async def main() -> None:
         ctl = await started(fabric.config)
@@ -219,10 +229,7 @@ def test_a_killed_spine_has_its_trees_and_routes_moved_and_back_when_it_returns(
     async def main() -> None:
         ctl = await started(fabric.config)
         try:
-            trees = ctl.fabric
-            assert trees is not None
-            g1 = await trees.create_group(["h1", "h3"], pool="p1")
-            g2 = await trees.create_group(["h2", "h4"], pool="p2")
+            trees, g1, g2 = await two_trees(ctl)
             # Routes between the leaves: to s1's nodes through s3, to s2's through s4.
             assert fabric.route("s2", "h1") == (UP["s3"], _mac(MAC["s3"]))
             assert fabric.route("s1", "h3") == (UP["s4"], _mac(MAC["s4"]))

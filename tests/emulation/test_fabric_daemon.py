@@ -6,7 +6,9 @@ programs nothing; one daemon takes every switch over (a higher election id, its 
 and installs the base state and routes from its configuration, and each point's multicast
 group as a tree. A pool multicast then reaches the hosts under both leaves with one copy per
 tree link; a spine killed under the tree is failed over by the daemon (the next fetch goes
-through the other spine), and started again it gets the tree back.
+through the other spine), and started again it gets the tree back. A leaf-spine link set down
+(both interfaces) is failed over once the daemon is told (``POST /v1/fabric/links``), and back
+once it is told the link is up.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def _daemon_fabric(spec: FabricSpec) -> Any:
 
     class DaemonFabric(FabricCluster):
         daemon: Daemon | None = None
+        groups_made = 0  # the daemon's next group id is this + 1
 
         def _program_switch(self) -> None:
             pass  # the daemon programs every switch
@@ -118,6 +121,7 @@ def _daemon_fabric(spec: FabricSpec) -> Any:
             assert self.daemon is not None and self.daemon.ctl.fabric is not None
             made = self.daemon.call(self.daemon.ctl.fabric.create_group(hosts))
             assert made == group_id, "the daemon hands out group ids round-robin from 1"
+            self.groups_made += 1
 
         def remove_group(self, group_id: int) -> None:
             assert self.daemon is not None and self.daemon.ctl.fabric is not None
@@ -173,5 +177,39 @@ def test_the_daemons_tree_carries_one_copy_per_link_and_survives_a_spine(
     cluster.switch_node("s3").start_again()
     _wait(lambda: daemon.moves("spine_up") == 1, "s3 back in service", 120)
     back = _point(fabric, "b", 3)
+    assert 0.95 < _copies(back, "s1>s3") < 1.3 and 0.95 < _copies(back, "s3>s2") < 1.3
+    assert _copies(back, "s1>s4") + _copies(back, "s4>s2") < 0.05
+
+
+def _tell(daemon: Daemon, leaf: str, spine: str, up: bool) -> None:
+    """Tells the daemon a link's state over its HTTP API, as an operator or a monitor would."""
+    from controlplane.fabric import LINKS_PATH
+    from tests.controlplane.test_daemon_classes import http
+
+    doc = {"leaf": leaf, "spine": spine, "up": up}
+    code, answer = http(daemon.ctl, "POST", LINKS_PATH, doc, 60.0)
+    assert (code, answer["changed"]) == (200, True), answer
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_the_daemon_told_of_a_link_down_moves_the_tree_off_it(fabric: tuple[Any, Any]) -> None:
+    import subprocess
+
+    cluster, _ = fabric
+    # Leaf s2's link to spine s3 (the tree's) fails: both ends down; the daemon is told.
+    ends = [f"s2-eth{cluster.fabric.uplink_port(1)}", "s3-eth2"]
+    for intf in ends:
+        subprocess.run(["ip", "link", "set", intf, "down"], check=True)
+    try:
+        _tell(cluster.daemon, "s2", "s3", up=False)
+        moved = _point(fabric, "b", cluster.groups_made + 1)  # every host verified
+        assert 0.95 < _copies(moved, "s1>s4") < 1.3 and 0.95 < _copies(moved, "s4>s2") < 1.3
+        assert _copies(moved, "s1>s3") + _copies(moved, "s3>s2") < 0.05
+    finally:
+        for intf in ends:
+            subprocess.run(["ip", "link", "set", intf, "up"], check=True)
+    _tell(cluster.daemon, "s2", "s3", up=True)
+    back = _point(fabric, "b", cluster.groups_made + 1)
     assert 0.95 < _copies(back, "s1>s3") < 1.3 and 0.95 < _copies(back, "s3>s2") < 1.3
     assert _copies(back, "s1>s4") + _copies(back, "s4>s2") < 0.05

@@ -61,9 +61,12 @@ def test_a_link_down_moves_the_routes_and_trees_that_crossed_it() -> None:
     assert "s4" in plan.tree(["h1", "h5"], "p1")
     # s2's and s3's GETs to the pool no longer meet on a spine: the pool's leaf caches.
     assert plan.cache_path(["h3", "h5"], "p1") == ["s1"]
+    assert plan.cut_leaves() == []
     plan.down_links.add(("s2", "s5"))
     with pytest.raises(RuntimeError, match="no spine in service reaches"):
         plan.next_hop("s2", "p1")
+    assert plan.cut_leaves() == [("s1", "s2"), ("s2", "s3")]
+    assert plan.has_link("s2", "s5") and not plan.has_link("s2", "s3")
 
 
 def test_a_tree_is_one_group_per_switch_through_one_spine() -> None:
