@@ -50,7 +50,8 @@ A complete example (only ``switches`` is required; every other setting has a def
     tick_s: 1.0
     sketch: {window_s: 10.0, threshold: 8}
     metrics: {listen: "0.0.0.0:9108"}
-    report_api: {listen: "0.0.0.0:9109", max_body_bytes: 4194304, max_queue: 200000}
+    report_api: {listen: "0.0.0.0:9109", max_body_bytes: 4194304, max_queue: 200000,
+                 operators: ["127.0.0.1"]}   # who may POST /v1/fabric/links (never a host)
     chunk_source: {timeout_s: 5.0}
     max_loads_per_tick: 512
     classes:                           # static vs transient KV (controlplane.kvclasses)
@@ -497,8 +498,18 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         ),
         max_queue=as_int(ra.take("max_queue", 200_000), ra.at("max_queue"), 1, 1 << 30),
         clock_skew_s=as_float(ra.take("clock_skew_s", 5.0), ra.at("clock_skew_s")),
+        operators=tuple(
+            as_ip(x, f"{ra.at('operators')}[{i}]")
+            for i, x in enumerate(as_list(ra.take("operators", ["127.0.0.1"]), ra.at("operators")))
+        ),
     )
     ra.done()
+    hosts_as_operators = sorted({h.ip for h in hosts} & set(report_api.operators))
+    if hosts_as_operators:
+        raise ConfigError(
+            f"{ra.at('operators')}: {', '.join(hosts_as_operators)} is a GPU host's address; "
+            "only operators (the controller's host, a monitor) may change the fabric"
+        )
     cs = Section(top.take("chunk_source", None) or {}, "chunk_source")
     chunk_timeout_s = as_float(cs.take("timeout_s", 5.0), cs.at("timeout_s"))
     cs.done()

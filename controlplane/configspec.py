@@ -237,12 +237,16 @@ class ReportApiSpec:
         max_body_bytes: larger request bodies are refused (413).
         max_queue: accesses waiting for the next tick; beyond it reports are refused (503).
         clock_skew_s: report times later than now by more than this are clamped to now.
+        operators: the client addresses that may change the fabric (``POST
+            /v1/fabric/links``); the API is reachable from the GPU hosts, which must not be
+            among them. Default: the controller's own host (loopback).
     """
 
     listen: ListenAddress = ListenAddress("0.0.0.0", 9109)
     max_body_bytes: int = 4 << 20
     max_queue: int = 200_000
     clock_skew_s: float = 5.0
+    operators: tuple[str, ...] = ("127.0.0.1",)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ from controlplane.chunksource import ChunkSource, ChunkUnavailableError, KvpChun
 from controlplane.configspec import DaemonConfig
 from controlplane.drivers import ConsistentHashRing, MulticastDriver
 from controlplane.errors import ControlPlaneError, SwitchUnavailableError
-from controlplane.fabric import FabricTrees
+from controlplane.fabric import LINKS_PATH, FabricTrees
 from controlplane.intake import ReportIntake, RoutedReport, SwitchAccesses
 from controlplane.metrics import ControllerMetrics
 from controlplane.p4rt import SwitchFleet
@@ -208,6 +208,7 @@ class Controller:
             },
             max_body_bytes=api.max_body_bytes,
             name="report-api",
+            restricted={("POST", LINKS_PATH): frozenset(api.operators)},
         )
         self._report_api.start()
         try:

@@ -138,6 +138,7 @@ class HttpApi:
         routes: ``(method, path) -> handler``.
         max_body_bytes: the largest request body read.
         name: for logs and the thread name.
+        restricted: routes only these client addresses may use (others: 403).
     """
 
     def __init__(
@@ -148,8 +149,10 @@ class HttpApi:
         *,
         max_body_bytes: int = 4 << 20,
         name: str = "http",
+        restricted: Mapping[tuple[str, str], frozenset[str]] | None = None,
     ) -> None:
         self._host = host
+        self._restricted = dict(restricted or {})
         self._port = port
         self._routes = dict(routes)
         self._max_body = max_body_bytes
@@ -255,6 +258,12 @@ class HttpApi:
             paths = sorted({f"{m} {p}" for m, p in self._routes})
             return Response.json(
                 HTTPStatus.NOT_FOUND, {"error": f"no {path}; this server has {', '.join(paths)}"}
+            )
+        allowed_from = self._restricted.get((method, path))
+        if allowed_from is not None and req.client_address[0] not in allowed_from:
+            return Response.json(
+                HTTPStatus.FORBIDDEN,
+                {"error": f"{method} {path} is for operators; {req.client_address[0]} is not one"},
             )
         body = b""
         if method in ("POST", "PUT"):

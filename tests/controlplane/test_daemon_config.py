@@ -53,6 +53,7 @@ def test_a_minimal_configuration_takes_the_documented_defaults() -> None:
     assert cfg.policy.name == "kvcast" and not cfg.policy.dry_run
     assert cfg.metrics == ListenAddress("0.0.0.0", 9108)
     assert cfg.report_api.listen == ListenAddress("0.0.0.0", 9109)
+    assert cfg.report_api.operators == ("127.0.0.1",)
     assert cfg.sketch.threshold == c.HOT_MISS_THRESHOLD
 
 
@@ -143,6 +144,11 @@ def test_unknown_settings_are_errors_with_a_suggestion() -> None:
         (with_(sketch={"threshold": 0}), "sketch.threshold"),
         (with_(metrics={"listen": "0.0.0.0:9"}, report_api={"listen": "0.0.0.0:9"}), "both use"),
         (with_(log_level="LOUD"), "log_level"),
+        (
+            with_(hosts=[host()], report_api={"operators": ["127.0.0.1", "10.0.0.1"]}),
+            "report_api.operators: 10.0.0.1 is a GPU host's address",
+        ),
+        (with_(report_api={"operators": ["ops"]}), "report_api.operators[0]: 'ops' is not an IPv4"),
         (with_(classes={"min_uses": 1}), "classes.min_uses: 1 is outside 2..65536"),
         (with_(classes={"min_span_s": 600.0}), "classes.min_span_s"),
         (with_(classes={"window": 5}), "classes.window: unknown setting; did you mean 'window_s'"),

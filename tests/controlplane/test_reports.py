@@ -269,3 +269,28 @@ def test_a_taken_port_is_a_clear_error(api: tuple[Sink, ReportClient, str]) -> N
     port = int(url.rsplit(":", 1)[1])
     with pytest.raises(ControlPlaneError, match="cannot listen"):
         HttpApi("127.0.0.1", port, {}, name="second").start()
+
+
+def test_a_restricted_route_answers_only_its_operators() -> None:
+    from controlplane.reports import Response
+
+    def moved(_body: bytes) -> Response:
+        return Response.json(200, {"moved": True})
+
+    route = ("POST", "/v1/fabric/links")
+    for operators, want in ((frozenset({"10.9.9.9"}), 403), (frozenset({"127.0.0.1"}), 200)):
+        server = HttpApi("127.0.0.1", 0, {route: moved}, name="t", restricted={route: operators})
+        host, port = server.start()
+        req = urllib.request.Request(f"http://{host}:{port}{route[1]}", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                status, doc = int(reply.status), json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            status, doc = int(exc.code), json.loads(exc.read())
+        finally:
+            server.stop()
+        assert status == want, doc
+        if want == 403:
+            assert "is for operators; 127.0.0.1 is not one" in doc["error"]
+        else:
+            assert doc == {"moved": True}
