@@ -750,7 +750,7 @@ def format_table(summary: Sequence[dict[str, Any]]) -> str:
 def plot(summary: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """TTFT of the last engine against N, one line per mode (log scale)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for mode in MODES:
         pts = [r for r in summary if r["mode"] == mode]
         if not pts:
@@ -762,7 +762,7 @@ def plot(summary: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     ax.set_ylabel("time to first token, last engine (ms)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
