@@ -96,6 +96,7 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
         {"repeat_host_weight": 1.0},
         {"history_weight": 0.5},
         {"shadow_rankings": True},
+        {"shadow_rankings": True, "reuse_modes": True},
     ],
     "adaptive": [{}],
     "wtinylfu": [{}, {"window_fraction": 0.05}, {"window_fraction": 0.2}],

@@ -49,7 +49,10 @@ estimates from the past with an exponentially decayed, host-weighted access coun
   cache on a hashed sample of prefix-chain segments; the policy ranks by the variant whose
   ghost has had significantly more hits lately. Memoryless chat sessions want recency, the
   conversation trace a longer memory, and no fixed setting serves both. Python record path
-  only (no C step yet).
+  only (no C step yet). With ``reuse_modes`` a fifth variant, fast reuse, decays with the
+  half-life of the fast mode of the reuse gaps (a running two-cluster estimate): where reuse
+  is bimodal (the next turn seconds later, or minutes later) the adaptive half-life sits in
+  the slow mode, and a small budget can serve only the fast one.
 * Value recovery: an evicted chunk whose current score is at least ``demote_threshold`` (about
   one expected access per half-life) is DEMOTEd to the lower tier, otherwise DROPped.
 
@@ -97,6 +100,9 @@ __all__ = ["KvcastPolicy"]
 
 _NEG_INF = float("-inf")
 
+
+_FAST = -1.0
+"""Decay divisor marking the fast-reuse variant, which runs on a clock of its own."""
 
 _N_CLASSES = 20
 """Reuse classes of the learned weights: 5 access-count buckets x 4 (gap or parent) buckets."""
@@ -173,10 +179,14 @@ class KvcastPolicy(NativeRecordPolicy):
         shadow_sample_chunks: about how many chunks each ghost cache holds (the sample rate
             is this over the budget in chunks, at most 1).
         shadow_z: how many standard deviations a variant's lead in ghost hits must reach.
+        reuse_modes: add a fifth shadow variant, *fast reuse*: the decayed count on a clock of
+            its own whose half-life is ``gap_factor`` x the fast mode of the reuse gaps (a
+            running two-cluster estimate of log2 of every gap between a chunk's accesses),
+            without the learned weight. Needs ``shadow_rankings``.
 
     Raises:
         PolicyConfigError: for a non-positive half-life, a negative hysteresis, a host weight
-            outside (0, 1] or ``max_tracked`` < 16.
+            outside (0, 1], ``max_tracked`` < 16 or ``reuse_modes`` without shadow rankings.
     """
 
     def __init__(
@@ -199,6 +209,7 @@ class KvcastPolicy(NativeRecordPolicy):
         shadow_rankings: bool = False,
         shadow_sample_chunks: int = 8192,
         shadow_z: float = 3.0,
+        reuse_modes: bool = False,
     ) -> None:
         super().__init__(capacity_bytes, demote_threshold=demote_threshold)
         if half_life_s is not None and not half_life_s > 0:
@@ -234,6 +245,19 @@ class KvcastPolicy(NativeRecordPolicy):
             (self._log_history, learned_weights, LONG_MEMORY),
             (self._log_history, False, FREQUENCY_MEMORY),
         ]
+        if reuse_modes:
+            if not shadow_rankings:
+                raise PolicyConfigError("reuse_modes needs shadow_rankings=True")
+            # The fast-reuse variant: its own clock (the fast mode's half-life), no learned
+            # weight (its classes are in the default half-life's units).
+            self._variants.append((self._log_history, False, _FAST))
+        self._modes = reuse_modes
+        # Two-cluster estimate of log2(reuse gap): the fast and the slow mode's medians.
+        self._mode_lo = math.log2(initial_half_life_s / gap_factor) - 2.0
+        self._mode_hi = self._mode_lo + 4.0
+        self._mode_samples = 0
+        self._fast_t: float | None = None
+        self._fast_v = 0.0
         self._shadow_on = shadow_rankings
         self._shadow_chunks = shadow_sample_chunks
         self._shadow_z = shadow_z
@@ -244,6 +268,7 @@ class KvcastPolicy(NativeRecordPolicy):
         self._gap_factor = float(gap_factor)
         self._min_half_life = float(min_half_life_s)
         self._max_half_life = float(max_half_life_s)
+        self._fast_half_life = self._half_life_for(self._mode_lo)
         # Running median of log2(first-reuse gap), by the sign-step quantile tracker.
         self._log_gap = math.log2(self._half_life / self._gap_factor)
         self._gap_samples = 0
@@ -282,8 +307,46 @@ class KvcastPolicy(NativeRecordPolicy):
 
     def _xs(self, t: float) -> float:
         """The virtual clock of the scores in use (slower under the long-memory variant)."""
+        if self._mult == _FAST:
+            return self._fx(t)
         x = self._x(t)
         return x if self._mult == 1.0 else x / self._mult
+
+    def _fx(self, t: float) -> float:
+        """The fast-reuse variant's clock at ``t``, in its own half-lives."""
+        if self._fast_t is None:
+            return 0.0
+        return self._fast_v + (t - self._fast_t) / self._fast_half_life
+
+    def _observe_mode(self, gap: float, now: float) -> None:
+        """Feed one reuse gap to the two-cluster tracker and retune the fast half-life.
+
+        The gap joins the nearer of two centres (log2 seconds), which takes one sign step
+        towards it: each centre tracks the median of its own cluster, so on bimodal reuse
+        (the next turn seconds later, or minutes later) the lower one sits in the fast mode.
+        """
+        if self._fast_t is None:
+            self._fast_t = now
+        step = 1.0 / 16 if self._mode_samples >= 64 else 0.5
+        self._mode_samples += 1
+        lg = math.log2(max(gap, 1e-3))
+        lo = abs(lg - self._mode_lo) <= abs(lg - self._mode_hi)
+        c = self._mode_lo if lo else self._mode_hi
+        c += step if lg > c else -step if lg < c else 0.0
+        if lo:
+            self._mode_lo = min(c, self._mode_hi)
+        else:
+            self._mode_hi = max(c, self._mode_lo)
+        target = self._half_life_for(self._mode_lo)
+        if abs(math.log2(target / self._fast_half_life)) > 0.1:
+            self._fast_v = self._fx(now)
+            self._fast_t = now
+            self._fast_half_life = target
+
+    @property
+    def fast_half_life_s(self) -> float | None:
+        """The fast-reuse variant's half-life (None without ``reuse_modes``)."""
+        return self._fast_half_life if self._modes else None
 
     @property
     def variant(self) -> str:
@@ -295,6 +358,11 @@ class KvcastPolicy(NativeRecordPolicy):
         """How many times the shadow rankings changed the scoring variant."""
         return 0 if self._shadow is None else self._shadow.switches
 
+    def _half_life_for(self, log_gap: float) -> float:
+        """``gap_factor`` x the gap ``2**log_gap``, within the half-life's bounds."""
+        target: float = self._gap_factor * 2.0**log_gap
+        return min(self._max_half_life, max(self._min_half_life, target))
+
     def _observe_gap(self, gap: float, now: float) -> None:
         """Feed one first-reuse gap to the median tracker and retune the half-life."""
         step = 1.0 / 16 if self._gap_samples >= 64 else 0.5
@@ -304,8 +372,7 @@ class KvcastPolicy(NativeRecordPolicy):
             self._log_gap += step
         elif lg < self._log_gap:
             self._log_gap -= step
-        target = self._gap_factor * 2.0**self._log_gap
-        target = min(self._max_half_life, max(self._min_half_life, target))
+        target = self._half_life_for(self._log_gap)
         if abs(math.log2(target / self._half_life)) > 0.1:
             # Start a new clock segment; stored scores stay valid as they are.
             self._clock_v = self._x(now)
@@ -372,6 +439,8 @@ class KvcastPolicy(NativeRecordPolicy):
         elif key not in self._resident:
             m.tenant = access.tenant
             m.size = access.size
+        if self._modes and m.last != _NEG_INF:
+            self._observe_mode(access.time - m.last, access.time)
         if m.first == _NEG_INF:
             m.first = access.time
         elif m.first != math.inf:
@@ -450,7 +519,10 @@ class KvcastPolicy(NativeRecordPolicy):
         if access.position is not None:
             m.position = access.position
         for i, (log_history, use_w, mult) in enumerate(self._variants):
-            lw = (x if mult == 1.0 else x / mult) + lhost
+            if mult == _FAST:
+                lw = self._fx(access.time) + lhost
+            else:
+                lw = (x if mult == 1.0 else x / mult) + lhost
             if use_w:
                 lw += w
             a = m.vlogs[i] + log_history

@@ -27,8 +27,9 @@ _SAMPLE_ONE = 1 << _SAMPLE_BITS
 SEGMENT = 16
 """The shadow sample takes prefix chains in segments of this many blocks (by position)."""
 
-VARIANTS = ("default", "recency", "long-memory", "frequency")
-"""The scoring variants the shadow rankings choose among (``shadow_rankings=True``)."""
+VARIANTS = ("default", "recency", "long-memory", "frequency", "fast-reuse")
+"""The scoring variants the shadow rankings choose among (``shadow_rankings=True``; the fifth
+only with ``reuse_modes=True``)."""
 
 LONG_MEMORY = 2.0
 """The long-memory variant decays this many times slower than the default."""

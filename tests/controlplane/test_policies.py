@@ -105,15 +105,19 @@ def test_online_never_exceeds_budget_and_decisions_match_state(
         assert policy.used_bytes == sum(sizes[k] for k in policy.resident_keys())
 
 
+@pytest.mark.parametrize("reuse_modes", [False, True])
 @pytest.mark.parametrize("variable_sizes", [False, True])
-def test_kvcast_with_shadow_rankings_keeps_the_contract(variable_sizes: bool) -> None:
-    """The opt-in shadow rankings (kvcast's three scoring variants) under the same checks:
-    budget, decisions that explain the resident set, determinism, batch select."""
+def test_kvcast_with_shadow_rankings_keeps_the_contract(
+    variable_sizes: bool, reuse_modes: bool
+) -> None:
+    """The opt-in shadow rankings (kvcast's scoring variants, with or without the fast-reuse
+    one) under the same checks: budget, decisions that explain the resident set,
+    determinism, batch select."""
     seq = chain_workload(300, seed=7, variable_sizes=variable_sizes)
     sizes = {a.key: a.size for a in seq}
     runs = []
     for _ in range(2):
-        policy = build("kvcast", 8 * BLOCK, seq, shadow_rankings=True)
+        policy = build("kvcast", 8 * BLOCK, seq, shadow_rankings=True, reuse_modes=reuse_modes)
         decisions = []
         for access in seq:
             before = policy.resident_keys()
@@ -123,7 +127,7 @@ def test_kvcast_with_shadow_rankings_keeps_the_contract(variable_sizes: bool) ->
             decisions.append(decision)
         runs.append(decisions)
     assert runs[0] == runs[1]
-    batch = build("kvcast", 8 * BLOCK, seq, shadow_rankings=True)
+    batch = build("kvcast", 8 * BLOCK, seq, shadow_rankings=True, reuse_modes=reuse_modes)
     batch.record_many(seq)
     before = batch.resident_keys()
     apply_and_check(batch, before, batch.select(seq[-1].time))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from controlplane.policies import (
@@ -319,6 +321,28 @@ def test_kvcast_shadow_rankings_pick_frequency_for_regulars_among_scans() -> Non
     assert shadow_hits > 4 * plain_hits
 
 
+def test_kvcast_reuse_modes_pick_fast_reuse_for_bursts_after_long_gaps() -> None:
+    """A new block every 0.5 s comes back once ~200 s later and then twice more 2 s apart:
+    the first-reuse gaps put the adaptive half-life in the slow mode (minutes), where 16
+    blocks hold nothing that returns. The two-cluster estimate finds the fast mode (2 s),
+    and the fast-reuse variant, decaying on its half-life, catches the bursts."""
+    rng = random.Random(5)
+    seq = []
+    for i in range(3000):
+        back = 0.5 * i + 200.0 + rng.uniform(-20.0, 20.0)
+        seq += [(i, 0.5 * i), (i, back), (i, back + 2.0), (i, back + 4.0)]
+    seq.sort(key=lambda e: e[1])
+    shadow = KvcastPolicy(16 * B, shadow_rankings=True)
+    modes = KvcastPolicy(16 * B, shadow_rankings=True, reuse_modes=True)
+    shadow_hits = _replay_hits(shadow, seq)
+    modes_hits = _replay_hits(modes, seq)
+    assert shadow.fast_half_life_s is None and shadow.variant == "default"
+    assert modes.half_life_s > 100.0
+    assert modes.fast_half_life_s is not None and 2.0 <= modes.fast_half_life_s <= 6.0
+    assert modes.variant == "fast-reuse"
+    assert modes_hits > 4 * shadow_hits
+
+
 def test_kvcast_shadow_rankings_stay_put_without_a_significant_lead() -> None:
     """Working sets of 20 blocks, each read 10 times round-robin, then replaced: every
     variant hits (almost) the same, so the policy never switches."""
@@ -341,6 +365,7 @@ def test_kvcast_rejects_bad_parameters() -> None:
         {"history_weight": 1.5},
         {"shadow_sample_chunks": 8},
         {"shadow_z": -1.0},
+        {"reuse_modes": True},
     ):
         with pytest.raises(PolicyConfigError):
             make_policy("kvcast", capacity_bytes=B, **params)
