@@ -780,6 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", type=int, default=16, help="each request's own tokens")
     p.add_argument("--link-mbit", type=float, help="link rate (default: calibrated)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--switch",
+        choices=["auto", "refswitch", "bmv2"],
+        default="auto",
+        help="the P4 switch (auto: BMv2 where installed, else the reference target)",
+    )
     p.add_argument("--model", type=Path, help="model directory (default: OUT/model, made)")
     p.add_argument("--corrupt-check", action="store_true", help="also the corrupted-chunk run")
     p.add_argument("--dead-pool-check", action="store_true", help="last, the pool node killed")
@@ -828,8 +834,12 @@ def main(argv: list[str] | None = None) -> int:
     trace = (
         TracePlan(args.trace, args.trace_requests, speed=args.trace_speed) if args.trace else None
     )
+    from emulation.switches import BMv2Switch, RefSwitch, default_switch_class
+
+    switch_cls = {"auto": None, "refswitch": RefSwitch, "bmv2": BMv2Switch}[args.switch]
     res = run(
-        plan, model, mbit, args.out, corrupt_check=args.corrupt_check,
+        plan, model, mbit, args.out, switch_cls=switch_cls or default_switch_class(),
+        corrupt_check=args.corrupt_check,
         dead_pool_check=args.dead_pool_check, trace=trace,
         switch_kill_check=args.switch_kill_check, prefill_us_per_token=us,
         agentic_check=args.agentic, agentic_daemon=args.agentic_daemon,
