@@ -127,7 +127,8 @@ def _role(port: int, role: int) -> str:
 
 
 def sample_tests() -> list[SampleTest]:
-    """The hand-made sample: a GET hit, a GET miss, a fan-out WRITE, two security drops.
+    """The hand-made sample: a GET hit, a GET miss, a fan-out WRITE, two security drops, a
+    GET miss routed to the drop port.
 
     Expected packets follow the TNA program's actions (KvpReply.make_reply, PoolOwner,
     Forwarding.route, the WRITE_ACK of a fan-out port), built with kvcast.wire.
@@ -247,7 +248,11 @@ def sample_tests() -> list[SampleTest]:
         _kvp("10.0.0.9", KvpHeader(op=c.KVP_OP_GET, tenant=TENANT, key=KEY), bytes(FRAG)),
     )
     from_cpu = SampleTest([], CPU, b"\0\0" + get)
-    return [hit, miss, fanout, spoofed, from_cpu]
+    # Routed to the drop port: dropped on both.
+    to_drop_port = SampleTest(
+        [e.replace("'port', 0x4", "'port', 0x1ff") for e in miss.calls], 1, get
+    )
+    return [hit, miss, fanout, spoofed, from_cpu, to_drop_port]
 
 
 SAMPLE_PATHS = [
@@ -256,6 +261,7 @@ SAMPLE_PATHS = [
     "write_fanout_ack",
     "security_drop:SPOOFED",
     "security_drop:BAD_TENANT",
+    "get_miss",
 ]
 
 
@@ -292,7 +298,7 @@ def replay(
 # ---------------------------------------------------------------------------------- always
 def test_the_reader_takes_the_templates_statements() -> None:
     cases = parse_ptf(render_sample(sample_tests()))
-    assert [case.name for case in cases] == [f"Test{i}" for i in range(5)]
+    assert [case.name for case in cases] == [f"Test{i}" for i in range(6)]
     hit = cases[0]
     assert hit.port == 1 and len(hit.registers) == 3 + FRAG // 4
     cache = hit.entries[1]
@@ -321,7 +327,7 @@ def test_the_sample_replays_with_the_expected_verdicts(tmp_path: Path) -> None:
     ptf.write_text(render_sample(sample_tests()))
     outcomes = replay(tmp_path, [ptf])
     assert [o["path"] for o in outcomes] == SAMPLE_PATHS, outcomes
-    assert [o["outcome"] for o in outcomes] == ["agree"] * 5, outcomes
+    assert [o["outcome"] for o in outcomes] == ["agree"] * 6, outcomes
     assert "hot_sketch.row0.cms_row" in outcomes[1]["detail"]
 
 
@@ -339,7 +345,7 @@ def test_the_replay_reports_a_checked_bit_that_differs(tmp_path: Path) -> None:
     outcomes = replay(tmp_path, [ptf])
     assert outcomes[0]["outcome"] == "mismatch" and "byte 100" in outcomes[0]["detail"]
     assert outcomes[3]["outcome"] == "mismatch"
-    assert [o["outcome"] for o in outcomes[1:3] + outcomes[4:]] == ["agree"] * 3
+    assert [o["outcome"] for o in outcomes[1:3] + outcomes[4:]] == ["agree"] * 4
 
 
 def test_a_wrong_input_checksum_is_dropped_unless_corrected(tmp_path: Path) -> None:
