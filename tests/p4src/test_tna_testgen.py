@@ -33,7 +33,8 @@ from typing import Any
 
 import pytest
 
-from emulation.targets import REPO, testgen_binary
+from emulation.targets import REPO
+from emulation.targets import testgen_binary as find_p4testgen
 from kvcast import p4constants as c
 from kvcast.tools.gen_constants import parse_sizes
 from kvcast.wire import KvpHeader, ipv4_checksum, udp_frame
@@ -43,9 +44,17 @@ TOFINO = parse_sizes(REPO / "p4src" / "shared" / "sizes.p4", REPO / "p4src", "__
 FRAG = TOFINO["FRAG_BYTES"]
 CPU = TOFINO["CPU_PORT_NUM"]
 
-# p4testgen's run: bounded and reproducible.
-TESTGEN_SEED = 1
-TESTGEN_MAX_TESTS = 60
+# p4testgen's runs: bounded and reproducible (seed, tests, path selection). Which paths a run
+# reaches depends on its seed: depth-first from seed 3 reaches the GET miss, the WRITE fan-out
+# and DATA, from seed 6 the GET hit's epoch and bound checks; greedy statement coverage from
+# seed 13 a GET hit's reply, from seed 1 the edge guard's and the verdict's security drops.
+# About four minutes here in all.
+TESTGEN_RUNS = (
+    (3, 1000, "DEPTH_FIRST"),
+    (6, 600, "DEPTH_FIRST"),
+    (13, 400, "GREEDY_STATEMENT_SEARCH"),
+    (1, 1500, "GREEDY_STATEMENT_SEARCH"),
+)
 TESTGEN_TIMEOUT_S = 1800
 # The paths the issue names, as the reference target classes them (tna_replay).
 REQUIRED_PATHS = ("get_hit", "get_miss", "write_fanout_ack", "security_drop")
@@ -384,38 +393,26 @@ def program_without_checksum_verification(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def testgen_outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    binary = testgen_binary()
+    binary = find_p4testgen()
     if binary is None:
         pytest.skip("p4testgen (p4c's testgen with its Tofino target) is not installed")
     out = tmp_path_factory.mktemp("testgen")
     main = program_without_checksum_verification(tmp_path_factory.mktemp("p4src"))
-    cmd = [
-        binary,
-        "--target",
-        "tofino",
-        "--arch",
-        "tna",
-        "--std",
-        "p4-16",
-        "-I",
-        str(main.parents[1]),
-        "-D__TARGET_TOFINO__=1",
-        "--test-backend",
-        "PTF",
-        "--seed",
-        str(TESTGEN_SEED),
-        "--max-tests",
-        str(TESTGEN_MAX_TESTS),
-        "--path-selection",
-        "GREEDY_STATEMENT_SEARCH",
-        "--out-dir",
-        str(out),
-        str(main),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TESTGEN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = sorted(out.glob("*.py"))
-    assert files, f"p4testgen wrote no PTF file: {proc.stdout[-2000:]}"
+    files = []
+    for seed, max_tests, selection in TESTGEN_RUNS:
+        run_dir = out / f"seed{seed}"
+        cmd = [
+            binary,
+            *("--target", "tofino", "--arch", "tna", "--std", "p4-16"),
+            *("-I", str(main.parents[1]), "-D__TARGET_TOFINO__=1"),
+            *("--test-backend", "PTF", "--seed", str(seed), "--max-tests", str(max_tests)),
+            *("--path-selection", selection, "--out-dir", str(run_dir), str(main)),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TESTGEN_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found = sorted(run_dir.glob("*.py"))
+        assert found, f"p4testgen wrote no PTF file: {proc.stdout[-2000:]}"
+        files += found
     return replay(out, files, fix_checksum=True)
 
 
