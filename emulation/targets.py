@@ -12,7 +12,8 @@ Classes:
     TargetUnavailableError: the target's binaries or the compiled program are missing.
 
 Functions:
-    bmv2_binary, p4c_binary: where BMv2 and p4c are installed, or None.
+    bmv2_binary, p4c_binary, testgen_binary: where BMv2, p4c and p4testgen are installed, or
+        None.
     p4runtime_shell_python: a Python with p4runtime-shell (its own venv), or None.
     load_p4info: the committed P4Info of the program.
 """
@@ -90,6 +91,11 @@ def tofino_compiler() -> str | None:
     which is what refuses a program that needs more than the chip's 12 stages.
     """
     return _find("bf-p4c")
+
+
+def testgen_binary() -> str | None:
+    """Path of p4testgen (p4c's test generator, built with its Tofino target), or None."""
+    return _find("p4testgen")
 
 
 def tna_include_dir() -> Path | None:

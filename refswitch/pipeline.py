@@ -271,8 +271,10 @@ class Pipeline:
                     ip = -1
                 else:
                     ver_ihl = pkt[ip]
-                    frag_off = _U16.unpack_from(pkt, ip + 6)[0] & 0x1FFF
-                    if ver_ihl & 0xF == 5 and frag_off == 0 and pkt[ip + 9] == c.IP_PROTO_UDP:
+                    # More-fragments flag and offset: only an unfragmented datagram carries UDP
+                    # (and so KVP) the parser reads; a first fragment is plain IPv4 too.
+                    fragment = _U16.unpack_from(pkt, ip + 6)[0] & 0x3FFF
+                    if ver_ihl & 0xF == 5 and fragment == 0 and pkt[ip + 9] == c.IP_PROTO_UDP:
                         udp = ip + IPV4_LEN
                         if n - udp < UDP_LEN:
                             error = True

@@ -454,6 +454,17 @@ def build_vectors() -> list[Vector]:
             [Step(POOL_PORT, data_g, [replica(data_g, i) for i in HOSTS], event(c.EV_DATA_MCAST))],
         )
     )
+    # The first fragment of a DATA (MF set, offset 0) is plain IPv4 to both programs' parsers:
+    # only unfragmented UDP carries KVP. It is routed to its destination, never multicast (the
+    # reference target once parsed it as KVP: found by replaying p4testgen's tests of the TNA
+    # program, tests/p4src/test_tna_testgen.py).
+    first_fragment = _mutate(data_g, 20, (0x2000).to_bytes(2, "big"))
+    v.append(
+        Vector(
+            "a_first_fragment_from_the_pool_is_plain_ipv4",
+            [Step(POOL_PORT, first_fragment, [routed(first_fragment, 1, HOSTS[1][0])])],
+        )
+    )
     # A group whose members include the port the DATA came in on: that copy is pruned (the
     # switch before it served that side), the others go; a hit's copies are not pruned.
     data_f = pool_frame(1, wire.data_message(TENANT, 0x99, 0, 1, b"fabric", group=GROUP_FABRIC))
