@@ -443,6 +443,29 @@ def parse_config(raw: object, *, base: Path | None = None) -> DaemonConfig:
         + [(f"hosts[{i}].port", (h.switch, h.port)) for i, h in enumerate(hosts)],
         "switch port",
     )
+    internal = {
+        (sw.name, port): what
+        for sw in switches
+        for port, what in [
+            *((p, "its fan-out (loopback) port") for p in sw.fanout_ports),
+            *([(sw.cpu_port, "its CPU port")] if sw.cpu_port is not None else []),
+        ]
+    }
+    attached: list[tuple[str, str, str, int]] = [
+        *(
+            (f"pools[{i}].port", p.name, p.switch, p.port)
+            for i, p in enumerate(pools)
+            if p.port is not None
+        ),
+        *((f"hosts[{i}].port", h.name, h.switch, h.port) for i, h in enumerate(hosts)),
+    ]
+    for where, name, switch, port in attached:
+        what = internal.get((switch, port))
+        if what is not None:
+            raise ConfigError(
+                f"{where}: {name!r} on port {port} of {switch!r}, {what}: a host or pool node "
+                "needs a port of its own (PacketOuts and WRITE copies enter there)"
+            )
     for i, sw in enumerate(switches):
         if not sw.program_forwarding:
             _LOG.warning(

@@ -71,3 +71,14 @@ def test_the_chassis_config_brings_up_a_port_for_every_host_and_pool() -> None:
     front = re.findall(r"port: \d+, .*# (\d+)/0|port: \d+\}\s+# (\d+)/0", config)
     used = {a or b for a, b in front}
     assert len(used) == 8 and used <= {m.group(1) for m in names if m}
+
+
+def test_a_host_or_pool_on_the_cpu_or_a_fanout_port_is_refused(tmp_path: Path) -> None:
+    raw = _raw(tmp_path, "320")
+    raw["hosts"][0]["port"] = 320
+    with pytest.raises(ConfigError, match=r"hosts\[0\]\.port: 'gpu1' on port 320 .* its CPU port"):
+        parse_config(raw, base=DEPLOY)
+    raw = _raw(tmp_path, None)
+    raw["pools"][1]["port"] = 324
+    with pytest.raises(ConfigError, match=r"pools\[1\]\.port: 'pool2' on port 324 .* fan-out"):
+        parse_config(raw, base=DEPLOY)
