@@ -14,6 +14,7 @@ Functions:
 from __future__ import annotations
 
 import select
+import shutil
 import socket
 import tempfile
 import time
@@ -131,6 +132,7 @@ def measure_target(kind: str, seconds: float = 3.0, window: int = 32) -> float:
         if sw is not None:
             sw.close()
         veths.close()
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def run(quick: bool = False) -> list[str]:

@@ -11,6 +11,7 @@ Functions:
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -55,13 +56,10 @@ def measure(kind: str, entries: int) -> tuple[float, float]:
         TargetUnavailableError: the target cannot run here.
     """
     veths = VethPorts([1], prefix="kt" + kind[0])
+    logdir = Path(tempfile.mkdtemp(prefix=f"kvcast-tbl-{kind}-"))
     sw = None
     try:
-        sw = SwitchProcess(
-            kind,
-            veths.interface_args(),
-            Path(tempfile.mkdtemp(prefix=f"kvcast-tbl-{kind}-")) / "switch.log",
-        )
+        sw = SwitchProcess(kind, veths.interface_args(), logdir / "switch.log")
         client = sw.client
         rates = []
         for op in (p4r.Update.INSERT, p4r.Update.DELETE):
@@ -78,6 +76,7 @@ def measure(kind: str, entries: int) -> tuple[float, float]:
         if sw is not None:
             sw.close()
         veths.close()
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def run(quick: bool = False) -> list[str]:
