@@ -565,18 +565,18 @@ def _sweep(
                 )[names[0]]  # fmt: skip
                 keys: list[tuple[int, int]] = [tuple(k) for k in rec["saved"]]  # type: ignore[misc]
                 keys = keys[: plan.prefix // BLOCK_SIZE]
+                # One read of the chunks (and, for the replicas, their MAC objects after them).
+                copied = keys
+                if n_replicas > 1 and macs:
+                    copied = keys + [(t, mac_key_of(k)) for t, k in keys]
                 chunk_file = Path(tmp) / "chunks.bin"
-                engines.ask({names[0]: {"cmd": "read", "keys": keys, "path": str(chunk_file)}})
-                blob = chunk_file.read_bytes()
+                sizes = engines.ask(
+                    {names[0]: {"cmd": "read", "keys": copied, "path": str(chunk_file)}}
+                )[names[0]]["sizes"]
+                blob = chunk_file.read_bytes()[: sum(sizes[: len(keys)])]
                 chunk = len(blob) // len(keys)
                 if n_replicas > 1:
-                    copied = keys + [(t, mac_key_of(k)) for t, k in keys] if macs else keys
-                    got = engines.ask(
-                        {names[0]: {"cmd": "read", "keys": copied, "path": str(chunk_file)}}
-                    )[names[0]]
-                    replicate(
-                        cluster, names[0], masters[1:n_replicas], copied, got["sizes"], chunk_file
-                    )
+                    replicate(cluster, names[0], masters[1:n_replicas], copied, sizes, chunk_file)
                 recompute_tokens: dict[str, list[int]] = {}
                 recompute_lp: dict[str, float] = {}
                 for mode in plan.modes:
