@@ -216,14 +216,10 @@ class FabricCluster(Cluster):
         if leaf not in self.plan.leaves or not self.plan.is_spine(spine):
             raise ValueError(f"no link between {leaf!r} and {spine!r}")
         self.plan.down_links.add((leaf, spine))
-        try:
-            for src in self.plan.leaves:
-                for dst in self.plan.leaves:
-                    if src != dst:
-                        self.plan.route_spine(dst, src)
-        except RuntimeError:
+        cut = self.plan.cut_leaves()
+        if cut:
             self.plan.down_links.discard((leaf, spine))
-            raise
+            raise RuntimeError(f"{leaf}-{spine} down would leave no spine between {cut[0]}")
         self._move()
 
     def bring_link_up(self, leaf: str, spine: str) -> None:
