@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 import pytest
 
 from emulation.topo import SWITCH_MAC, FabricSpec
+from experiments.incast_results import PointResult
+from kvcast import p4constants as c
 from tests.emulation.test_fabric import KEY, PREFIX, SPEC, _copies, _point
 from tests.mininet_env import MININET_MISSING
 
@@ -147,6 +149,17 @@ def fabric() -> Iterator[tuple[Any, Any]]:
         yield cluster, agents
 
 
+def _off_tree(point: PointResult, *links: str) -> float:
+    """Prefix copies on links off the tree beyond what followers' unicast repairs explain.
+
+    A follower that lost replicas asks for them by unicast, and the answers take the route to
+    its leaf, which may cross the other spine (once per link): a loaded machine's repairs, not
+    a copy of the stream.
+    """
+    repaired = point.total("repairs") * c.FRAG_BYTES / PREFIX
+    return sum(_copies(point, link) for link in links) - 2 * 1.3 * repaired
+
+
 def _wait(check: Any, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -166,7 +179,7 @@ def test_the_daemons_tree_carries_one_copy_per_link_and_survives_a_spine(
     assert first.pool_tx_bytes < 1.3 * PREFIX
     assert 0.95 < _copies(first, "s1>s3") < 1.3 and 0.95 < _copies(first, "s3>s2") < 1.3
     assert _copies(first, "s3>s1") < 0.05
-    assert _copies(first, "s1>s4") + _copies(first, "s4>s2") < 0.05
+    assert _off_tree(first, "s1>s4", "s4>s2") < 0.05
     # The tree's spine killed: the daemon notices its session lost and moves the routes and
     # the next tree to s4.
     cluster.switch_node("s3").kill()
@@ -178,7 +191,7 @@ def test_the_daemons_tree_carries_one_copy_per_link_and_survives_a_spine(
     _wait(lambda: daemon.moves("spine_up") == 1, "s3 back in service", 120)
     back = _point(fabric, "b", 3)
     assert 0.95 < _copies(back, "s1>s3") < 1.3 and 0.95 < _copies(back, "s3>s2") < 1.3
-    assert _copies(back, "s1>s4") + _copies(back, "s4>s2") < 0.05
+    assert _off_tree(back, "s1>s4", "s4>s2") < 0.05
 
 
 def _tell(daemon: Daemon, leaf: str, spine: str, up: bool) -> None:
@@ -212,4 +225,4 @@ def test_the_daemon_told_of_a_link_down_moves_the_tree_off_it(fabric: tuple[Any,
     _tell(cluster.daemon, "s2", "s3", up=True)
     back = _point(fabric, "b", cluster.groups_made + 1)
     assert 0.95 < _copies(back, "s1>s3") < 1.3 and 0.95 < _copies(back, "s3>s2") < 1.3
-    assert _copies(back, "s1>s4") + _copies(back, "s4>s2") < 0.05
+    assert _off_tree(back, "s1>s4", "s4>s2") < 0.05
