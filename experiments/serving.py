@@ -15,7 +15,8 @@ one shared system prompt (``--prefix`` tokens) plus a suffix of their own. Modes
 ``r2``, ``r4``
     Mooncake's answer without the switch: the prefix replicated on k pool nodes, each behind a
     link of its own (:mod:`experiments.serving_replicas`), every engine loading it by unicast,
-    each chunk from replica ``bucket(chunk) mod k``, so the N streams share k pool links.
+    engine i from replica ``i mod k`` (the request option ``replica``), so the N streams share
+    k pool links, N / k to a link.
 ``multicast``
     one engine's connector asks the pool for the prefix with a multicast group in its GETs; the
     switch replicates the pool's one stream to every member, whose connectors follow it.
@@ -73,7 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +98,8 @@ from experiments.serving_plan import (
     tokens,
     trace_requests,
 )
-from experiments.serving_replicas import replicate
+from experiments.serving_replicas import replica_copies, replicate
 from kvcast import p4constants as c
-from kvcast.integrity import mac_key_of
 from kvcast.kvp import frag_count
 from kvcast.ports import AGENT_PORT
 
@@ -406,7 +406,7 @@ def run(
                 "engine_startup_s": engines.startup_s,
             }
             try:
-                _sweep(cluster, engines, plan, rows, points, progress, masters, bool(mac_keys))
+                _sweep(cluster, engines, plan, rows, points, progress, masters, mac_keys)
                 if trace is not None:
                     result["trace"] = _replay(engines, trace, plan, progress)
                 if corrupt_check:
@@ -535,12 +535,12 @@ def _sweep(
     points: list[dict[str, Any]],
     progress: Callable[[str], None],
     masters: Sequence[str],
-    macs: bool,
+    mac_keys: Mapping[int, bytes] | None,
 ) -> None:
     """The points: per repeat, N and mode, every engine's request at once (module docstring).
 
-    ``masters`` are the pool nodes' Mooncake masters (the replicas' after the first), ``macs``
-    whether the chunks have MAC objects (copied to the replicas with them).
+    ``masters`` are the pool nodes' Mooncake masters (pool node 0's first), ``mac_keys`` the
+    tenants' MAC keys where chunks have MAC objects (the replicas' copies get theirs).
     """
     from experiments.incast import pool_tx_each
 
@@ -565,18 +565,21 @@ def _sweep(
                 )[names[0]]  # fmt: skip
                 keys: list[tuple[int, int]] = [tuple(k) for k in rec["saved"]]  # type: ignore[misc]
                 keys = keys[: plan.prefix // BLOCK_SIZE]
-                # One read of the chunks (and, for the replicas, their MAC objects after them).
-                copied = keys
-                if n_replicas > 1 and macs:
-                    copied = keys + [(t, mac_key_of(k)) for t, k in keys]
                 chunk_file = Path(tmp) / "chunks.bin"
-                sizes = engines.ask(
-                    {names[0]: {"cmd": "read", "keys": copied, "path": str(chunk_file)}}
-                )[names[0]]["sizes"]
-                blob = chunk_file.read_bytes()[: sum(sizes[: len(keys)])]
+                engines.ask({names[0]: {"cmd": "read", "keys": keys, "path": str(chunk_file)}})
+                blob = chunk_file.read_bytes()
                 chunk = len(blob) // len(keys)
-                if n_replicas > 1:
-                    replicate(cluster, names[0], masters[1:n_replicas], copied, sizes, chunk_file)
+                if n_replicas > 1:  # each replica's keys (and MAC objects) into its store
+                    data = [blob[j * chunk : (j + 1) * chunk] for j in range(len(keys))]
+                    copies = replica_copies(
+                        [(t, k, d) for (t, k), d in zip(keys, data, strict=True)],
+                        {replicas(m) for m in plan.modes} - {1},
+                        n_replicas,
+                        mac_keys,
+                    )
+                    replicate(
+                        cluster, names[0], list(zip(masters, copies, strict=False)), Path(tmp)
+                    )
                 recompute_tokens: dict[str, list[int]] = {}
                 recompute_lp: dict[str, float] = {}
                 for mode in plan.modes:
@@ -654,6 +657,7 @@ def _sweep(
                         "mode": mode, "n": n, "rep": rep,
                         "ttft_p50_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
                         "pool_tx_bytes": pool_tx, "pool_tx_max_bytes": max(tx_each),
+                        "pool_tx_each_bytes": tx_each,
                         "prefix_bytes": len(blob),
                     })  # fmt: skip
                     progress(

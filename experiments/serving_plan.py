@@ -207,8 +207,10 @@ def mode_options(mode: str, i: int, group: int) -> dict[str, Any]:
     """The connector's request options of engine ``i`` in ``mode`` (``group``: its group)."""
     if mode in ("recompute", "local"):
         return {"load": False, "save": False}
-    if mode == "pool" or replicas(mode) > 1:
+    if mode == "pool":
         return {"save": False}
+    if replicas(mode) > 1:  # engine i reads replica i mod k
+        return {"save": False, "replica": i % replicas(mode), "replicas": replicas(mode)}
     return {"save": False, "group": group, "role": "leader" if i == 0 else "follower"}
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from kvcast.backend import PoolBackend
 from kvcast.integrity import check_keys
 from kvcast.kvclass import KvClass, parse_kv_class
+from kvcast.replicas import check_replica, replica_key
 from kvcast.reports import HttpReporter, ReportSink
 
 __all__ = [
@@ -286,7 +287,8 @@ class LoadOptions:
     """What one request asks of kvcast, in its ``kv_transfer_params``.
 
     A request says it with ``SamplingParams(extra_args={"kv_transfer_params": {"kvcast":
-    {"load": ..., "group": ..., "role": ..., "class": ..., "static_tokens": ...}}})``, as
+    {"load": ..., "group": ..., "role": ..., "class": ..., "static_tokens": ...,
+    "replica": ..., "replicas": ...}}})``, as
     vLLM's own connectors take per-request transfer parameters.
 
     Attributes:
@@ -303,6 +305,13 @@ class LoadOptions:
             are declared static whatever ``kv_class`` says.
         budget_us_per_token: this request's load budget (``ConnectorConfig``'s
             ``load_budget_us_per_token``, which it overrides; None: the engine's).
+        replica: with ``replicas`` > 1, the replica this engine reads every chunk from: the
+            prefix is stored on ``replicas`` pool nodes, each chunk under
+            ``kvcast.replicas.replica_key`` of its key, and the switch's pool-owner map sends
+            that key's GETs to pool node ``replica`` (the reader picks its replica, as
+            Mooncake's replica-aware client does; engine i of N usually takes ``i mod
+            replicas``).
+        replicas: how many replicas the prefix has (1: read the block's own key).
     """
 
     load: bool = True
@@ -312,6 +321,12 @@ class LoadOptions:
     kv_class: KvClass | None = None
     static_tokens: int = 0
     budget_us_per_token: float | None = None
+    replica: int = 0
+    replicas: int = 1
+
+    def read_key(self, key: int) -> int:
+        """The key a block with key ``key`` is read under (its replica's, if one is chosen)."""
+        return key if self.replicas == 1 else replica_key(key, self.replica, self.replicas)
 
     def static_blocks(self, block_size: int) -> int:
         """How many blocks from the first are declared static."""
@@ -333,7 +348,10 @@ class LoadOptions:
             return cls()
         if not isinstance(raw, Mapping):
             raise ConnectorConfigError(f"kv_transfer_params['kvcast'] is not a mapping: {raw!r}")
-        known = {"load", "group", "role", "save", "class", "static_tokens", "budget_us_per_token"}
+        known = {
+            "load", "group", "role", "save", "class", "static_tokens", "budget_us_per_token",
+            "replica", "replicas",
+        }  # fmt: skip
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConnectorConfigError(f"unknown kvcast request option {unknown[0]!r}")
@@ -369,6 +387,13 @@ class LoadOptions:
             raise ConnectorConfigError(
                 f"kvcast budget_us_per_token {budget!r} is not a positive number of microseconds"
             )
+        replica, replicas = raw.get("replica", 0), raw.get("replicas", 1)
+        try:
+            check_replica(replica, replicas)
+        except ValueError as exc:
+            raise ConnectorConfigError(f"kvcast replica: {exc}") from None
+        if replicas > 1 and group:
+            raise ConnectorConfigError("kvcast replicas and a multicast group do not go together")
         return cls(
             bool(raw.get("load", True)),
             group,
@@ -377,4 +402,6 @@ class LoadOptions:
             kv_class,
             static_tokens,
             None if budget is None else float(budget),
+            replica,
+            replicas,
         )

@@ -23,7 +23,8 @@ class ChunkLoad:
 
     Attributes:
         tenant: wire tenant id.
-        key: chunk key (low 64 bits of vLLM's block hash).
+        key: the key the chunk is read under: the low 64 bits of vLLM's block hash, or, where
+            the request chose a replica, that replica's key (``LoadOptions.read_key``).
         parent: key of the previous block of the prefix (for the access report).
         position: the block's index in its prefix.
         targets: ``(request id, engine block id)`` for every request of the step that needs it.

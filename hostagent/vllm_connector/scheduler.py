@@ -151,7 +151,9 @@ class KvcastScheduler:
             opts = self._options.get(req_id, LoadOptions())
             hashes = request.block_hashes
             for position, block_id in items:
-                key = wire_key(hashes[position])
+                # Held (the lookup) under its own key; read under its replica's where one is
+                # chosen (the copies are made under those keys).
+                key = opts.read_key(wire_key(hashes[position]))
                 load = by_chunk.get((tenant, key, opts.group, opts.follower))
                 if load is None:
                     parent = wire_key(hashes[position - 1]) if position > 0 else None

@@ -80,6 +80,38 @@ def test_request_options_are_read_and_checked() -> None:
             LoadOptions.of({"kvcast": bad})
 
 
+def test_replica_options_are_read_and_checked() -> None:
+    opts = LoadOptions.of({"kvcast": {"replica": 2, "replicas": 4}})
+    assert (opts.replica, opts.replicas) == (2, 4)
+    assert opts.read_key(0xABCD_0100) == 0xABCD_0102
+    assert opts.read_key(0xABCD_01FF) == 0xABCD_01FE
+    assert LoadOptions.of(None).read_key(0xABCD_01FF) == 0xABCD_01FF
+    for bad, message in (
+        ({"replica": 1}, "replica 1 is not in 0..0"),
+        ({"replica": 4, "replicas": 4}, "not in 0..3"),
+        ({"replica": 0, "replicas": 3}, "power of two"),
+        ({"replica": 0, "replicas": 512}, "power of two"),
+        ({"replica": "0", "replicas": 2}, "not an integer"),
+        ({"replica": 0, "replicas": 2, "group": 7}, "do not go together"),
+    ):
+        with pytest.raises(ConnectorConfigError, match=message):
+            LoadOptions.of({"kvcast": bad})
+
+
+def test_a_request_with_a_replica_is_looked_up_under_its_keys_and_read_under_the_replicas(
+    model_dir: Path,  # noqa: F811
+) -> None:
+    eng = Engine(model_dir, {"service": "127.0.0.1:9"})
+    own = hashes(PROMPT)[:4]
+    for key in own:  # the publisher's pool holds the blocks under their own keys
+        CURRENT["backend"].put(TENANT, key, b"x")
+    add(eng, "r", PROMPT, {"replica": 3, "replicas": 4})
+    loads = meta_of(eng.scheduler.schedule()).loads
+    assert [ld.key for ld in loads] == [k - k % 4 + 3 for k in own]
+    assert [ld.parent for ld in loads] == [None, *own[:3]]
+    eng.close()
+
+
 def test_the_controllers_push_orders_are_options_the_connector_reads() -> None:
     prefix = StaticPrefix(1, TENANT, (1, 2, 3), None, 3)
     leader = completion_body(prefix, group=9, leader=True, model=None)["kv_transfer_params"]
