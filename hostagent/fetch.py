@@ -29,7 +29,8 @@ class FetchClient(_EngineClient):
     """``kvcast.fetch.FetchClient`` whose destinations are contiguous 1-D uint8 CPU tensors.
 
     Takes the engine's arguments (``kvcast.fetch.FetchClient``). ``dst`` of ``fetch``,
-    ``follow`` and each ``ChunkRequest`` is a tensor; its length defaults to ``dst.numel()``.
+    ``follow`` and each ``ChunkRequest`` (``fetch_many``, ``follow_many``) is a tensor; its
+    length defaults to ``dst.numel()``.
     """
 
     def _as_array(self, dst: Any) -> Array:

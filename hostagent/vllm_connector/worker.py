@@ -444,8 +444,8 @@ class KvcastWorker:
     ) -> list[FetchReport]:
         """One batch of chunks: unicast, leading group ``group`` or following it.
 
-        ``progress`` is ``fetch_many``'s (a follower reports each chunk once, whole, when it
-        ends complete).
+        ``progress`` is ``fetch_many``'s (``follow_many``'s for a follower: the stream fills
+        every chunk of the batch at once, layer 0 of each first as the leader asks for it).
 
         Returns:
             One report per chunk started, in order; the batch stops after the first chunk that
@@ -465,20 +465,12 @@ class KvcastWorker:
         try:
             if not follower:
                 return many()
-            out: list[FetchReport] = []
-            for j, r in enumerate(requests):
-                report = client.follow(
-                    r.tenant, r.key, r.dst, r.nbytes,
-                    stall_s=self.config.follow_stall_s,
-                    first_wait_s=self.config.follow_first_wait_s,
-                    parent=r.parent, position=r.position, kv_class=r.kv_class,
-                )  # fmt: skip
-                out.append(report)
-                if not report.ok:
-                    break
-                if progress is not None:
-                    progress(j, report.nbytes)
-            return out
+            return client.follow_many(
+                requests,
+                stall_s=self.config.follow_stall_s,
+                first_wait_s=self.config.follow_first_wait_s,
+                progress=progress,
+            )
         finally:
             client.group = 0
 

@@ -19,7 +19,8 @@ reported as valid.
 Group fetch: N hosts that need the same chunk share one multicast stream. The **leader** runs
 ``fetch`` with a client whose ``group`` is G: its GETs name G, so the switch multicasts each hit
 (or, with ``nocache``, the pool's multi-fragment DATA) to every member of G. The **followers** run
-``follow``: they send nothing at first and take the replicas of G for the chunk (flag ``REPLICA``)
+``follow`` (``follow_many`` for several chunks at once, the side of a leader's ``fetch_many``):
+they send nothing at first and take the replicas of G for the chunk (flag ``REPLICA``)
 with the same checks; when the stream stalls (no new fragment for ``stall_s``) a follower repairs
 what it still misses with its own unicast GETs, switch first and the pool directly after, so it too
 ends complete or with a clear ``RECOMPUTE``.
@@ -37,9 +38,9 @@ per fetch or follow (``entry_from_fetch``: the chunk, this host, the wall-clock 
 most fragments came from switch SRAM) after the fetch has ended; the sink only queues it, so
 reporting never delays or fails a fetch.
 
-This module holds the client's public side (construction, ``fetch``, ``follow``, ``fetch_many``, and
-how a fetch starts and ends); the loop and sending are in ``transport``, receiving and checking in
-``receive``, retries, path changes and MAC checks in ``recovery``.
+This module holds the client's public side (construction, ``fetch``, ``follow``, ``fetch_many``,
+``follow_many``, and how a fetch starts and ends); the loop and sending are in ``transport``,
+receiving and checking in ``receive``, retries, path changes and MAC checks in ``recovery``.
 
 Classes:
     FetchClient: the UDP client (one socket, one fetch or window of fetches at a time).
@@ -381,18 +382,83 @@ class FetchClient(_Transport):
         first = stall_s if first_wait_s is None else first_wait_s
         if stall_s <= 0 or first <= 0:
             raise FetchError(f"stall_s and first_wait_s must be positive, got {stall_s}, {first}")
-        st = self._start(tenant, key, self._as_array(dst), nbytes)
-        st.follower = st.listening = True
-        st.stall_s = stall_s
-        st.last_progress += first - stall_s
-        kept = self._stash.pop((tenant, key), [])
-        for datagram in kept:  # replicas read while this host followed other chunks
-            self._stash_bytes -= len(datagram)
-            n = len(datagram)
-            self._rbuf[:n] = datagram
-            self._receive(st, n)
-        st.report.stashed += len(kept)
+        st = self._start_following(tenant, key, self._as_array(dst), nbytes, stall_s, first)
+        self._take_stash(st)
         return self._finish(st, parent, position, kv_class)
+
+    def follow_many(
+        self,
+        requests: Sequence[ChunkRequest],
+        *,
+        stall_s: float = 0.5,
+        first_wait_s: float | None = None,
+        progress: Progress | None = None,
+    ) -> list[FetchReport]:
+        """``follow`` for several chunks at once: the group's stream fills all of them.
+
+        The leader of a group fetch asks for its chunks together (``fetch_many``, layer by
+        layer with ``stripe_bytes``), so the stream brings every chunk's first stripe before
+        any chunk is whole. A follower that took one chunk after another would hold nothing
+        usable until the stream's end, and would then fetch the MAC objects one round trip
+        each. Here every chunk (up to ``MAX_FETCHES / 2`` at once) takes its replicas as they
+        come, a tenant's MAC objects are fetched beside them by unicast, and ``progress``
+        hands on each chunk's verified contiguous prefix as it grows, as ``fetch_many`` does
+        for the leader. Once every chunk is whole, or the stream has passed the end of those
+        that are not (their missing fragments were lost), or no chunk got a new fragment for
+        ``stall_s`` (``first_wait_s`` before the first), what is missing is repaired chunk by
+        chunk as ``follow`` repairs it.
+
+        Args:
+            requests: the chunks, in the order they are wanted.
+            stall_s: silence (no new fragment for any chunk) after which the follower repairs.
+            first_wait_s: how long to wait for the stream's first fragment; default
+                ``stall_s``.
+            progress: as for ``fetch_many``.
+
+        Returns:
+            One report per chunk, in order. Only ``report.ok`` means that chunk's ``dst``
+            holds it.
+
+        Raises:
+            FetchError: as for ``follow``.
+        """
+        if self.group == 0:
+            raise FetchError("follow_many needs a client with a multicast group (group != 0)")
+        first = stall_s if first_wait_s is None else first_wait_s
+        if stall_s <= 0 or first <= 0:
+            raise FetchError(f"stall_s and first_wait_s must be positive, got {stall_s}, {first}")
+        arrays = [self._as_array(r.dst) for r in requests]
+        for arr, r in zip(arrays, requests, strict=True):
+            self._check_len(arr, r.nbytes)
+        per = MAX_FETCHES // 2  # each chunk with its MAC object beside it
+        self._progress = progress
+        reports: list[FetchReport] = []
+        try:
+            for at in range(0, len(requests), per):
+                states = []
+                for i in range(at, min(at + per, len(requests))):
+                    r = requests[i]
+                    st = self._start_following(r.tenant, r.key, arrays[i], r.nbytes, stall_s, first)
+                    st.index = i
+                    if st.tenant in self.mac_keys:
+                        self._mac_beside(st)
+                    self._take_stash(st)
+                    states.append(st)
+                self._listen_many(states)
+                for st in states:
+                    reason = st.give_up
+                    if reason is None and st.missing:  # repaired as ``follow`` repairs
+                        self._take_stash(st)
+                        try:
+                            self._run(st, st.deadline)
+                        except _GiveUp as give_up:
+                            reason = give_up.reason
+                        st.ended = time.monotonic()
+                    r = requests[st.index]
+                    reports.append(self._close(st, reason, r.parent, r.position, r.kv_class))
+        finally:
+            self._progress = None
+        return reports
 
     def fetch_many(
         self,
@@ -496,11 +562,7 @@ class FetchClient(_Transport):
                 if progress is not None and st.tenant in self.mac_keys:
                     # Its MAC object beside it (first in the window), so that each segment can
                     # be verified, and handed on, as it arrives.
-                    size = mac_object_bytes(st.nbytes)
-                    mac = self._start(st.tenant, mac_key_of(st.key), np.zeros(size, np.uint8), size)
-                    mac.deadline, mac.is_mac = st.deadline, True
-                    st.mac_of = mac
-                    active.append(mac)
+                    active.append(self._mac_beside(st))
                 active.append(st)
             if not active:
                 break
@@ -512,27 +574,72 @@ class FetchClient(_Transport):
                 st.ended = now
                 active.remove(st)
                 failed |= st.give_up is not None and not st.is_mac
-        reports = []
-        for st, r in zip(states, requests, strict=False):
-            reason = st.give_up
-            mac_s = 0.0
-            if st.mac_of is not None:  # its MAC object's GETs are the chunk's too
-                st.report.gets_sent += st.mac_of.report.gets_sent
-            secret = self.mac_keys.get(st.tenant)
-            if reason is None and secret is not None:
-                self._take_macs(st)
-                t0 = time.monotonic()
-                try:
-                    self._verify_mac(st, secret, t0 + self.deadline_s)
-                except _GiveUp as give_up:
-                    reason = give_up.reason
-                mac_s = time.monotonic() - t0
-                if reason is None and progress is not None and st.prefix < st.n:
-                    st.prefix = st.n
-                    progress(st.index, st.nbytes)
-            duration = st.ended - st.started + mac_s
-            reports.append(self._conclude(st, reason, duration, r.parent, r.position, r.kv_class))
-        return reports
+        return [
+            self._close(st, st.give_up, r.parent, r.position, r.kv_class)
+            for st, r in zip(states, requests, strict=False)
+        ]
+
+    def _close(
+        self,
+        st: _State,
+        reason: RecomputeReason | None,
+        parent: int | None,
+        position: int | None,
+        kv_class: KvClass | None,
+    ) -> FetchReport:
+        """Ends a fetch of ``fetch_many`` or ``follow_many`` (``reason`` None: all arrived).
+
+        A tenant's chunk is compared with its MAC object (the one fetched beside it, else one
+        fetched now); a complete chunk whose whole length the progress callback has not been
+        told yet is reported whole; then the report is concluded.
+        """
+        mac_s = 0.0
+        if st.mac_of is not None:  # its MAC object's GETs are the chunk's too
+            st.report.gets_sent += st.mac_of.report.gets_sent
+        secret = self.mac_keys.get(st.tenant)
+        if reason is None and secret is not None:
+            self._take_macs(st)
+            t0 = time.monotonic()
+            try:
+                self._verify_mac(st, secret, t0 + self.deadline_s)
+            except _GiveUp as give_up:
+                reason = give_up.reason
+            mac_s = time.monotonic() - t0
+        progress = self._progress
+        if reason is None and progress is not None and st.prefix < st.n:
+            st.prefix = st.n
+            progress(st.index, st.nbytes)
+        duration = st.ended - st.started + mac_s
+        return self._conclude(st, reason, duration, parent, position, kv_class)
+
+    def _mac_beside(self, st: _State) -> _State:
+        """Starts the fetch of ``st``'s MAC object, to run beside it (``st.mac_of``)."""
+        size = mac_object_bytes(st.nbytes)
+        mac = self._start(st.tenant, mac_key_of(st.key), np.zeros(size, np.uint8), size)
+        mac.deadline, mac.is_mac = st.deadline, True
+        st.mac_of = mac
+        return mac
+
+    def _start_following(
+        self, tenant: int, key: int, dst: Array, nbytes: int | None, stall_s: float, first: float
+    ) -> _State:
+        """A follower's state: listening, stalled after ``first`` s without a first fragment."""
+        st = self._start(tenant, key, dst, nbytes)
+        st.follower = st.listening = True
+        st.stall_s = stall_s
+        st.last_progress += first - stall_s
+        st.deadline = st.started + self.deadline_s
+        return st
+
+    def _take_stash(self, st: _State) -> None:
+        """Receives into ``st`` the replicas of its chunk read while others were followed."""
+        kept = self._stash.pop((st.tenant, st.key), [])
+        for datagram in kept:
+            self._stash_bytes -= len(datagram)
+            n = len(datagram)
+            self._rbuf[:n] = datagram
+            self._receive(st, n)
+        st.report.stashed += len(kept)
 
     def _advance(self, active: list[_State]) -> None:
         """Reports the fetches in ``active`` whose verified contiguous prefix grew.

@@ -97,11 +97,13 @@ class _Receiver(_Recovery):
                 st.last_progress = time.monotonic()
                 st.arrivals += 1
 
-    def _drain_native_many(self, active: list[_State], fd: int, check_src: bool) -> None:
+    def _drain_native_many(
+        self, active: list[_State], fd: int, check_src: bool, keep: bool = False
+    ) -> None:
         """``_drain_native`` for several fetches at once (``kvcast._native.recv_fetches``).
 
         Returns once the socket is drained or one of the fetches has ended (complete, or given
-        up: ``st.give_up``).
+        up: ``st.give_up``). ``keep``: as for ``_receive_any``.
         """
         nat = self._native
         assert nat is not None
@@ -127,15 +129,16 @@ class _Receiver(_Recovery):
             for datagram in slow:
                 n = len(datagram)
                 rbuf[:n] = datagram
-                self._receive_any(active, n)
+                self._receive_any(active, n, keep)
             if drained or any(st.give_up is not None or not st.missing for st in active):
                 return
 
-    def _receive_any(self, active: list[_State], nrecv: int) -> None:
+    def _receive_any(self, active: list[_State], nrecv: int, keep: bool = False) -> None:
         """``_receive`` for the fetch in ``active`` the datagram in the buffer names.
 
         A give-up is kept in that fetch's ``give_up``; a datagram for none of them is counted
-        as ignored by the first.
+        as ignored by the first, or, with ``keep`` (a follower), stashed for a later
+        ``follow`` when it is a replica of this host's group.
         """
         if nrecv >= _HDR:
             tenant, key = _TENANT_KEY.unpack_from(self._rbuf)
@@ -147,6 +150,9 @@ class _Receiver(_Recovery):
                         if st.give_up is None:
                             st.give_up = give_up.reason
                     return
+        if keep:
+            self._receive(active[0], nrecv)  # stashes a replica of another chunk
+            return
         active[0].report.ignored += 1
 
     def _apply_events(self, states: Sequence[_State], nev: int) -> None:

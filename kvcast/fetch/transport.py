@@ -194,19 +194,11 @@ class _Transport(_Receiver):
         ``active`` while fewer than ``window`` are in flight over all of them; each datagram goes
         to the fetch it names. A fetch that gives up keeps its reason in ``give_up``.
         """
-        socks, poll = self._socks, self._poll.poll
-        unconnected, trusted, rbuf = self._sock, self._trusted, self._rbuf
-        receive_any = self._receive_any
         while True:
             now = time.monotonic()
             for st in active:
                 try:
-                    if now >= st.deadline:
-                        raise _GiveUp(RecomputeReason.DEADLINE)
-                    if st.answered > st.fast_seen or now >= st.fast_next:
-                        st.fast_next = self._fast_retransmit(st, now)
-                    if now >= st.next_check:
-                        self._expire(st, now)
+                    self._tick(st, now)
                 except _GiveUp as give_up:
                     st.give_up = give_up.reason
             room = self.window - sum(len(st.inflight) for st in active)
@@ -231,31 +223,101 @@ class _Transport(_Receiver):
                     wake = min(wake, st.next_check, st.fast_next, tail, st.deadline)
                 else:
                     wake = min(wake, now + self.timeout_s, st.deadline)
-            for fd, _ in poll(max(0.0, wake - now) * 1e3):
-                sock = socks[fd]
-                if self._native is not None:
-                    self._drain_native_many(active, fd, sock is unconnected)
-                    continue
-                while True:
-                    try:
-                        if sock is not unconnected:  # the kernel takes only the path's replies
-                            nrecv = sock.recv_into(rbuf)
-                        else:
-                            nrecv, src = sock.recvfrom_into(rbuf)
-                            if src not in trusted:
-                                active[0].report.foreign += 1
-                                continue
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except ConnectionRefusedError:  # an ICMP error for an earlier GET
-                        continue
-                    receive_any(active, nrecv)
-                    if any(st.give_up is not None or not st.missing for st in active):
-                        break
+            self._receive_many(active, wake - now)
             if self._progress is not None:
                 self._advance(active)
             if any(st.give_up is not None or not st.missing for st in active):
                 return
+
+    def _tick(self, st: _State, now: float) -> None:
+        """A sending fetch's timers: its deadline, fast retransmit and GET timeouts.
+
+        Raises:
+            _GiveUp: the deadline passed, or a path's retries ran out and no path is left.
+        """
+        if now >= st.deadline:
+            raise _GiveUp(RecomputeReason.DEADLINE)
+        if st.answered > st.fast_seen or now >= st.fast_next:
+            st.fast_next = self._fast_retransmit(st, now)
+        if now >= st.next_check:
+            self._expire(st, now)
+
+    def _receive_many(self, active: list[_State], wait_s: float, keep: bool = False) -> None:
+        """Waits up to ``wait_s`` for datagrams and takes them into the fetches of ``active``.
+
+        Each goes to the fetch it names (``keep``: as for ``_receive_any``); returns once the
+        sockets are drained or one of the fetches has ended.
+        """
+        socks, unconnected, trusted, rbuf = self._socks, self._sock, self._trusted, self._rbuf
+        for fd, _ in self._poll.poll(max(0.0, wait_s) * 1e3):
+            sock = socks[fd]
+            if self._native is not None:
+                self._drain_native_many(active, fd, sock is unconnected, keep)
+                continue
+            while True:
+                try:
+                    if sock is not unconnected:  # the kernel takes only the path's replies
+                        nrecv = sock.recv_into(rbuf)
+                    else:
+                        nrecv, src = sock.recvfrom_into(rbuf)
+                        if src not in trusted:
+                            active[0].report.foreign += 1
+                            continue
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionRefusedError:  # an ICMP error for an earlier GET
+                    continue
+                self._receive_any(active, nrecv, keep)
+                if any(st.give_up is not None or not st.missing for st in active):
+                    break
+
+    def _listen_many(self, chunks: list[_State]) -> None:
+        """Takes the group's stream into the followed ``chunks`` (``follow_many``'s first part).
+
+        The chunks send nothing; their MAC objects (``mac_of``) are fetched by unicast beside
+        them, their timers kept as in ``_run_many``. Every datagram goes to the fetch it names;
+        a replica of a chunk not among them is stashed for a later ``follow``. Returns once
+        every chunk is whole and every MAC object ended, once the stream has brought the last
+        fragment of every chunk still missing some (what they miss was lost), once no chunk
+        got a new fragment for ``stall_s`` (the first wait before the first), or at a
+        chunk's deadline: the caller repairs what is missing.
+        """
+        macs = [st.mac_of for st in chunks if st.mac_of is not None]
+        while True:
+            now = time.monotonic()
+            for st in chunks:
+                if not st.missing and not st.ended:
+                    st.ended = now
+            waiting = [st for st in chunks if st.missing]
+            sending = [m for m in macs if m.missing and m.give_up is None]
+            if not waiting and not sending:
+                return
+            wake = math.inf
+            if waiting:
+                quiet = max(st.last_progress for st in waiting) + waiting[0].stall_s
+                if (
+                    all(st.stream_high >= st.n for st in waiting)
+                    or now >= quiet
+                    or now >= min(st.deadline for st in waiting)
+                ):
+                    return
+                wake = min(quiet, min(st.deadline for st in waiting))
+            room = self.window - sum(len(m.inflight) for m in sending)
+            for m in sending:
+                try:
+                    self._tick(m, now)
+                    if room > 0:
+                        before = len(m.inflight)
+                        self._send(m, now, window=before + room)
+                        room -= len(m.inflight) - before
+                    tail = self._tail_probe(m, now, m.n) if m.inflight else now + self.timeout_s
+                except _GiveUp as give_up:  # its MAC is fetched again when the chunk ends
+                    m.give_up = give_up.reason
+                    continue
+                wake = min(wake, m.next_check, m.fast_next, tail, m.deadline)
+            self._receive_many(waiting + sending, wake - now, keep=True)
+            if self._progress is not None:
+                self._advance([st for st in chunks if st.prefix < st.n])
 
     def _send_striped(self, active: list[_State], now: float, room: int) -> int:
         """Sends GETs stripe by stripe over every fetch in ``active`` (``fetch_many``'s stripes).
