@@ -5,6 +5,7 @@ Modules:
     mooncake: the ``mooncake_master`` process manager (start, supervise, stop).
     groups: the multicast groups a node may echo (none unless told).
     tenants: the tenants a GET's source address may name (what the node vouches for itself).
+    threads: the one start/stop lifecycle of the node's background threads.
     __main__: ``python -m poolnode``, a pool node daemon.
 
 Imports: the shared layer ``kvcast`` only (the pool backend interface and its Mooncake client,

@@ -48,7 +48,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +63,7 @@ from poolnode.groups import ANY_GROUP, GroupRegistry, GroupSource, StaticGroups
 from poolnode.mooncake import MasterStartError, MooncakeMaster
 from poolnode.server import PoolServer, ServerStats
 from poolnode.tenants import SourceTenants
+from poolnode.threads import BackgroundThread
 
 
 class StatsWriter:
@@ -93,8 +93,11 @@ class StatsWriter:
             for p in preloaded
         ]
         self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = (
+            BackgroundThread.every(interval_s, self._write_logged, "poolnode-stats")
+            if interval_s > 0
+            else None
+        )
 
     def write(self, final: bool = False) -> None:
         """Writes the counters now.
@@ -112,27 +115,23 @@ class StatsWriter:
         tmp.write_text(json.dumps(doc) + "\n")
         os.replace(tmp, self.path)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.write()
-            except OSError as exc:
-                logging.getLogger(__name__).warning("cannot write %s: %s", self.path, exc)
+    def _write_logged(self) -> None:
+        try:
+            self.write()
+        except OSError as exc:
+            logging.getLogger(__name__).warning("cannot write %s: %s", self.path, exc)
 
     def start(self) -> StatsWriter:
         """Writes once, then keeps writing every ``interval_s`` in a daemon thread."""
         self.write()
-        if self.interval_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="poolnode-stats", daemon=True)
-            self._thread.start()
+        if self._periodic is not None:
+            self._periodic.start()
         return self
 
     def stop(self) -> None:
         """Stops the periodic writes and writes the final counters."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._periodic is not None:
+            self._periodic.stop()
         self.write(final=True)
 
 

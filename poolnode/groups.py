@@ -28,6 +28,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from poolnode.threads import BackgroundThread
+
 _LOG = logging.getLogger(__name__)
 
 __all__ = ["ANY_GROUP", "AnyGroup", "GroupRegistry", "GroupSource", "StaticGroups"]
@@ -75,10 +77,13 @@ class GroupRegistry:
 
     Args:
         url: the full URL of the switch's groups document.
-        refresh_s: period of the background refresh (``start``).
+        refresh_s: period of the background refresh (``start``; > 0).
         min_refresh_s: the least time between two reads on demand.
         timeout_s: HTTP timeout of one read.
         clock: monotonic clock (tests).
+
+    Raises:
+        ValueError: ``refresh_s`` is not positive.
     """
 
     def __init__(
@@ -98,8 +103,7 @@ class GroupRegistry:
         self._groups: frozenset[int] = frozenset()
         self._last_read = -float("inf")
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._refresher = BackgroundThread.every(refresh_s, self.refresh, "group-registry")
         self.reads = 0
         self.read_errors = 0
 
@@ -135,16 +139,9 @@ class GroupRegistry:
     def start(self) -> GroupRegistry:
         """Reads once, then refreshes every ``refresh_s`` in a daemon thread."""
         self.refresh()
-        self._thread = threading.Thread(target=self._loop, name="group-registry", daemon=True)
-        self._thread.start()
+        self._refresher.start()
         return self
 
     def stop(self) -> None:
         """Stops the background refresh."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.refresh_s):
-            self.refresh()
+        self._refresher.stop(timeout_s=5)

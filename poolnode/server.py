@@ -30,7 +30,6 @@ import asyncio
 import logging
 import select
 import socket
-import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from types import ModuleType
@@ -44,6 +43,7 @@ from kvcast.native import enabled as native_enabled
 from kvcast.wire import KVP_STRUCT, VALID_OPS, KvpHeader, fragment_crc, nack_message
 from poolnode.groups import GroupSource
 from poolnode.tenants import SourceTenants
+from poolnode.threads import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -471,8 +471,7 @@ class PoolServer(Service):
         self._bind = (host, port)
         self._buffer_bytes = socket_buffer_bytes
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._serving = BackgroundThread(self.serve_forever, "kvcast-poolserver")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -524,15 +523,16 @@ class PoolServer(Service):
         answer = self.handler.answer
         data_replies = self.handler.data_replies
         stats = self.stats
+        stopping = self._serving.stopping
         buf = bytearray(65536)
         view = memoryview(buf)
-        while not self._stop.is_set():
+        while not stopping.is_set():
             try:
                 n, addr = sock.recvfrom_into(buf)
             except TimeoutError:
                 continue
             except OSError as exc:
-                if self._stop.is_set():
+                if stopping.is_set():
                     break
                 log.warning("recvfrom failed: %s", exc)
                 continue
@@ -575,7 +575,8 @@ class PoolServer(Service):
         view = memoryview(rx)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        while not self._stop.is_set():
+        stopping = self._serving.stopping
+        while not stopping.is_set():
             if not poller.poll(100):
                 continue
             while True:
@@ -625,20 +626,12 @@ class PoolServer(Service):
             ``self``.
         """
         self.bind()
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self.serve_forever, name="kvcast-poolserver", daemon=True
-            )
-            self._thread.start()
+        self._serving.start()
         return self
 
     def stop(self) -> None:
         """Stops serving and closes the socket. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._serving.stop()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
