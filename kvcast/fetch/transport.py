@@ -123,13 +123,7 @@ class _Transport(_Receiver):
                 behind = st.n if high >= st.n else high - self.gap_fragments
                 if behind < st.n and high >= st.n - self.gap_fragments:
                     # In the tail: a stream gone quiet has ended (see QUIET_FACTOR).
-                    got = st.report.frags_stream
-                    spacing = (st.last_progress - st.started) / got if got else st.stall_s
-                    gap = (st.last_progress - st.started) / st.arrivals if st.arrivals else 0.0
-                    quiet = min(
-                        st.stall_s,
-                        max(QUIET_MIN_S, QUIET_FACTOR * spacing, QUIET_ARRIVALS * gap),
-                    )
+                    quiet = self._quiet(st)
                     if now >= st.last_progress + quiet:
                         behind = st.n
                     else:
@@ -229,6 +223,18 @@ class _Transport(_Receiver):
             if any(st.give_up is not None or not st.missing for st in active):
                 return
 
+    @staticmethod
+    def _quiet(st: _State) -> float:
+        """How long a follower's stream in its tail may be silent before it has ended.
+
+        QUIET_FACTOR mean fragment spacings and QUIET_ARRIVALS mean arrival spacings of the
+        stream so far, at least QUIET_MIN_S and at most ``stall_s``.
+        """
+        got = st.report.frags_stream
+        spacing = (st.last_progress - st.started) / got if got else st.stall_s
+        gap = (st.last_progress - st.started) / st.arrivals if st.arrivals else 0.0
+        return min(st.stall_s, max(QUIET_MIN_S, QUIET_FACTOR * spacing, QUIET_ARRIVALS * gap))
+
     def _tick(self, st: _State, now: float) -> None:
         """A sending fetch's timers: its deadline, fast retransmit and GET timeouts.
 
@@ -278,9 +284,11 @@ class _Transport(_Receiver):
         them, their timers kept as in ``_run_many``. Every datagram goes to the fetch it names;
         a replica of a chunk not among them is stashed for a later ``follow``. Returns once
         every chunk is whole and every MAC object ended, once the stream has brought the last
-        fragment of every chunk still missing some (what they miss was lost), once no chunk
-        got a new fragment for ``stall_s`` (the first wait before the first), or at a
-        chunk's deadline: the caller repairs what is missing.
+        fragment of every chunk still missing some (what they miss was lost), once each of
+        those is in its stream's tail and quiet for its spell (``_quiet``: a lost last
+        fragment leaves nothing after it to show the stream went past), once no chunk got a
+        new fragment for ``stall_s`` (the first wait before the first), or at a chunk's
+        deadline: the caller repairs what is missing.
         """
         macs = [st.mac_of for st in chunks if st.mac_of is not None]
         while True:
@@ -295,6 +303,10 @@ class _Transport(_Receiver):
             wake = math.inf
             if waiting:
                 quiet = max(st.last_progress for st in waiting) + waiting[0].stall_s
+                if all(st.stream_high >= st.n - self.gap_fragments for st in waiting):
+                    # Every chunk still missing some is in its stream's tail: once each has
+                    # been quiet for its spell, the stream has ended for it (see ``_run``).
+                    quiet = min(quiet, max(st.last_progress + self._quiet(st) for st in waiting))
                 if (
                     all(st.stream_high >= st.n for st in waiting)
                     or now >= quiet

@@ -10,7 +10,7 @@ behind it); the last test runs the real reference pipeline.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -117,14 +117,16 @@ def test_a_follower_fills_every_chunk_from_the_one_stream(
         assert got[-1] == len(DATA[i])
 
 
-def test_fragments_lost_on_the_followers_link_are_repaired(macs: bool) -> None:
+Group = tuple[list[FetchReport], list[FetchReport], list[ChunkRequest], list[tuple[int, int]]]
+
+
+def run_lossy(lose: Callable[[KvpHeader, int], bool], macs: bool, stall_s: float) -> Group:
+    """``run_group`` where the follower's copies of the DATA ``lose(header, frags)`` are lost."""
     lost: list[Address] = []
 
     def mangle(member: Address, datagram: bytes) -> bytes | None:
-        h = KvpHeader.unpack(datagram)
-        if member in lost and h.key in (KEYS[1], KEYS[4]) and h.frag_idx in (0, 20, 60):
-            return None
-        return datagram
+        frags = -(-(len(datagram) - c.KVP_HDR_BYTES) // c.FRAG_BYTES)
+        return None if member in lost and lose(KvpHeader.unpack(datagram), frags) else datagram
 
     with (
         MulticastRelay(backend(macs), {}, mangle) as relay,
@@ -133,12 +135,30 @@ def test_fragments_lost_on_the_followers_link_are_repaired(macs: bool) -> None:
     ):
         lost.append(follower.address)
         relay.groups[GROUP] = [leader.address, follower.address]
-        lead, fol, reqs, seen = run_group(leader, follower)
+        return run_group(leader, follower, stall_s)
+
+
+def test_fragments_lost_on_the_followers_link_are_repaired(macs: bool) -> None:
+    lead, fol, reqs, seen = run_lossy(
+        lambda h, _: h.key in (KEYS[1], KEYS[4]) and h.frag_idx in (0, 20, 60), macs, 5.0
+    )
     assert all(r.ok for r in lead) and all(r.ok for r in fol)
     assert [r.dst.numpy().tobytes() for r in reqs] == DATA
     assert fol[1].repairs >= 3 and fol[4].repairs >= 3
     assert sum(r.repairs for r in fol) == fol[1].repairs + fol[4].repairs
     assert all(max(b for j, b in seen if j == i) == len(DATA[i]) for i in range(CHUNKS))
+
+
+def test_a_lost_last_fragment_is_repaired_once_the_tail_is_quiet_not_after_a_stall() -> None:
+    n = len(DATA[2]) // c.FRAG_BYTES
+    # The DATA with chunk 2's last fragment is lost: nothing comes after it in its stream.
+    _, fol, reqs, _ = run_lossy(lambda h, frags: h.key == KEYS[2] and h.frag_idx + frags >= n,
+                                False, 30.0)  # fmt: skip
+    assert all(r.ok for r in fol)
+    assert [r.dst.numpy().tobytes() for r in reqs] == DATA
+    # Repaired after the tail's quiet spell: a stall (30 s without a fragment) never came.
+    assert fol[2].repairs >= 1 and not fol[2].stalled
+    assert all(r.repairs == 0 for i, r in enumerate(fol) if i != 2)
 
 
 def test_a_follower_whose_stream_never_comes_repairs_every_chunk(macs: bool) -> None:
