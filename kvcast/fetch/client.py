@@ -405,8 +405,8 @@ class FetchClient(_Transport):
         hands on each chunk's verified contiguous prefix as it grows, as ``fetch_many`` does
         for the leader. Once every chunk is whole, or the stream has passed the end of those
         that are not (their missing fragments were lost), or no chunk got a new fragment for
-        ``stall_s`` (``first_wait_s`` before the first), what is missing is repaired chunk by
-        chunk as ``follow`` repairs it.
+        ``stall_s`` (``first_wait_s`` before the first), what is missing is repaired by
+        unicast GETs for every chunk at once (switch, then the pool directly).
 
         Args:
             requests: the chunks, in the order they are wanted.
@@ -444,18 +444,27 @@ class FetchClient(_Transport):
                         self._mac_beside(st)
                     self._take_stash(st)
                     states.append(st)
-                self._listen_many(states)
+                stalled = self._listen_many(states)
+                # What the stream did not bring: every chunk's missing fragments by unicast,
+                # together (switch first, then the pool directly, as ``follow`` repairs).
+                active = [
+                    f
+                    for st in states
+                    for f in (st.mac_of, st)
+                    if f is not None and f.give_up is None and f.missing
+                ]
+                for f in active:
+                    if not f.is_mac:
+                        f.listening, f.scan, f.report.stalled = False, 0, stalled
+                while active:
+                    self._run_many(active, keep=True)
+                    now = time.monotonic()
+                    for f in [f for f in active if f.give_up is not None or not f.missing]:
+                        f.ended = now
+                        active.remove(f)
                 for st in states:
-                    reason = st.give_up
-                    if reason is None and st.missing:  # repaired as ``follow`` repairs
-                        self._take_stash(st)
-                        try:
-                            self._run(st, st.deadline)
-                        except _GiveUp as give_up:
-                            reason = give_up.reason
-                        st.ended = time.monotonic()
                     r = requests[st.index]
-                    reports.append(self._close(st, reason, r.parent, r.position, r.kv_class))
+                    reports.append(self._close(st, st.give_up, r.parent, r.position, r.kv_class))
         finally:
             self._progress = None
         return reports

@@ -180,13 +180,14 @@ class _Transport(_Receiver):
                         continue
                     receive(st, nrecv)
 
-    def _run_many(self, active: list[_State]) -> None:
+    def _run_many(self, active: list[_State], keep: bool = False) -> None:
         """Runs the unicast (or leading) fetches in ``active`` together until one of them ends.
 
         As ``_run`` without a follower's listening: per fetch its timers (deadline, fast
         retransmit, timeout, tail probe) and its direct read; GETs are sent in the order of
         ``active`` while fewer than ``window`` are in flight over all of them; each datagram goes
-        to the fetch it names. A fetch that gives up keeps its reason in ``give_up``.
+        to the fetch it names (``keep``: as for ``_receive_any``). A fetch that gives up keeps
+        its reason in ``give_up``.
         """
         while True:
             now = time.monotonic()
@@ -217,7 +218,7 @@ class _Transport(_Receiver):
                     wake = min(wake, st.next_check, st.fast_next, tail, st.deadline)
                 else:
                     wake = min(wake, now + self.timeout_s, st.deadline)
-            self._receive_many(active, wake - now)
+            self._receive_many(active, wake - now, keep)
             if self._progress is not None:
                 self._advance(active)
             if any(st.give_up is not None or not st.missing for st in active):
@@ -277,7 +278,7 @@ class _Transport(_Receiver):
                 if any(st.give_up is not None or not st.missing for st in active):
                     break
 
-    def _listen_many(self, chunks: list[_State]) -> None:
+    def _listen_many(self, chunks: list[_State]) -> bool:
         """Takes the group's stream into the followed ``chunks`` (``follow_many``'s first part).
 
         The chunks send nothing; their MAC objects (``mac_of``) are fetched by unicast beside
@@ -289,6 +290,9 @@ class _Transport(_Receiver):
         fragment leaves nothing after it to show the stream went past), once no chunk got a
         new fragment for ``stall_s`` (the first wait before the first), or at a chunk's
         deadline: the caller repairs what is missing.
+
+        Returns:
+            Whether it ended on a stall (``stall_s`` without a new fragment).
         """
         macs = [st.mac_of for st in chunks if st.mac_of is not None]
         while True:
@@ -299,10 +303,11 @@ class _Transport(_Receiver):
             waiting = [st for st in chunks if st.missing]
             sending = [m for m in macs if m.missing and m.give_up is None]
             if not waiting and not sending:
-                return
+                return False
             wake = math.inf
             if waiting:
-                quiet = max(st.last_progress for st in waiting) + waiting[0].stall_s
+                stall = max(st.last_progress for st in waiting) + waiting[0].stall_s
+                quiet = stall
                 if all(st.stream_high >= st.n - self.gap_fragments for st in waiting):
                     # Every chunk still missing some is in its stream's tail: once each has
                     # been quiet for its spell, the stream has ended for it (see ``_run``).
@@ -312,7 +317,7 @@ class _Transport(_Receiver):
                     or now >= quiet
                     or now >= min(st.deadline for st in waiting)
                 ):
-                    return
+                    return now >= stall
                 wake = min(quiet, min(st.deadline for st in waiting))
             room = self.window - sum(len(m.inflight) for m in sending)
             for m in sending:

@@ -24,7 +24,7 @@ from kvcast.integrity import chunk_mac, mac_key_of
 from kvcast.wire import KvpHeader
 from poolnode.groups import ANY_GROUP
 from poolnode.server import PoolServer
-from tests.hostagent.fakes import MulticastRelay
+from tests.hostagent.fakes import FakeServer, MulticastRelay, silent
 from tests.hostagent.refbridge import RefSwitchBridge
 
 pytestmark = pytest.mark.usefixtures("data_path")
@@ -169,6 +169,22 @@ def test_a_follower_whose_stream_never_comes_repairs_every_chunk(macs: bool) -> 
         reqs = requests()
         reports = follower.follow_many(reqs, stall_s=0.1)
     assert all(r.ok and r.stalled for r in reports)
+    assert [r.dst.numpy().tobytes() for r in reqs] == DATA
+
+
+def test_with_neither_stream_nor_switch_every_chunk_is_repaired_from_the_pool(macs: bool) -> None:
+    with (
+        PoolServer(backend(macs), "127.0.0.1", 0, groups=ANY_GROUP) as pool,
+        FakeServer(silent) as switch,
+        FetchClient(
+            switch.address, pool.address, group=GROUP, timeout_s=0.02, max_timeout_s=0.05,
+            max_retries=1, mac_keys={TENANT: SECRET} if macs else None,
+        ) as follower,
+    ):  # fmt: skip
+        reqs = requests()
+        reports = follower.follow_many(reqs, stall_s=0.05)
+    assert all(r.ok and r.stalled and r.fell_back for r in reports)
+    assert all(r.repairs == r.frag_count for r in reports)
     assert [r.dst.numpy().tobytes() for r in reqs] == DATA
 
 
