@@ -158,7 +158,7 @@ class _Receiver(_Recovery):
         """
         ev = self._events
         for i in range(0, nev * _EVENT_FIELDS, _EVENT_FIELDS):
-            rid, first, _last, new, flags, crc_ok, index = ev[i : i + _EVENT_FIELDS]
+            rid, first, last, new, flags, crc_ok, index = ev[i : i + _EVENT_FIELDS]
             st = states[index]
             report, inflight = st.report, st.inflight
             g = inflight.get(rid)
@@ -172,20 +172,38 @@ class _Receiver(_Recovery):
             if new == 0:
                 report.duplicates += 1
             else:
-                st.missing -= new
-                if flags & c.KVP_FLAG_HIT:
-                    report.frags_hit += new
-                else:
-                    report.frags_pool += new
-                    if self.direct is not None and not st.direct_done:
-                        st.want_direct = st.get_group == 0 and not st.follower
-                if st.follower:
-                    report.repairs += new
-                if st.listening:
-                    st.last_progress = time.monotonic()
-                    st.arrivals += 1
+                self._book_new(st, new, flags, last, from_get=True)
             if g is not None:
                 self._retire_get(st, rid, g, first, flags, self._release_or_give_up)
+
+    def _book_new(self, st: _State, new: int, flags: int, last: int, *, from_get: bool) -> None:
+        """Books ``new`` fragments a checked DATA brought into ``st`` (both receive paths).
+
+        Args:
+            st: the fetch.
+            new: fragments it wrote that were missing (> 0).
+            flags: the DATA's flags (``KVP_FLAG_HIT``: from switch SRAM).
+            last: one past its last fragment.
+            from_get: it answers one of this fetch's GETs (else it is a replica of the group's
+                stream).
+        """
+        report = st.report
+        st.missing -= new
+        if flags & c.KVP_FLAG_HIT:
+            report.frags_hit += new
+        else:
+            report.frags_pool += new
+            if from_get and self.direct is not None and not st.direct_done:
+                st.want_direct = st.get_group == 0 and not st.follower
+        if not from_get:
+            report.frags_stream += new
+            if last > st.stream_high:
+                st.stream_high = last
+        elif st.follower:
+            report.repairs += new
+        if st.listening:
+            st.last_progress = time.monotonic()
+            st.arrivals += 1
 
     def _time_reply(self, st: _State, rid: int, g: _Get | None) -> None:
         """Samples the round trip of a reply to GET ``rid`` (``g``: in flight; else a late one).
@@ -307,21 +325,6 @@ class _Receiver(_Recovery):
                 frag[first] = _PRESENT
             else:
                 frag[first:last] = _PRESENT_BYTE * (last - first)
-            st.missing -= new
-            if flags & c.KVP_FLAG_HIT:
-                report.frags_hit += new
-            else:
-                report.frags_pool += new
-                if path is not None and self.direct is not None and not st.direct_done:
-                    st.want_direct = st.get_group == 0 and not st.follower
-            if path is None:
-                report.frags_stream += new
-                if last > st.stream_high:
-                    st.stream_high = last
-            elif st.follower:
-                report.repairs += new
-            if st.listening:
-                st.last_progress = time.monotonic()
-                st.arrivals += 1
+            self._book_new(st, new, flags, last, from_get=path is not None)
         if g is not None:
             self._retire_get(st, rid, g, first, flags, self._release)
