@@ -355,12 +355,7 @@ class FetchClient(_Transport):
         directly, as ``fetch`` does; replicas that still arrive keep counting.
 
         Args:
-            tenant: tenant id.
-            key: chunk key.
-            dst: where the chunk goes: a contiguous, writable 1-D uint8 numpy array, or a
-                writable bytes-like buffer (``bytearray``, ``memoryview``); the host agent's
-                client takes a uint8 CPU tensor here.
-            nbytes: chunk length; default: the buffer's size.
+            tenant, key, dst, nbytes: the chunk and where it goes, as for :meth:`fetch`.
             stall_s: silence (no new fragment) after which the follower repairs on its own.
             first_wait_s: how long to wait for the stream's first fragment; default
                 ``stall_s``.
