@@ -625,7 +625,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         ap.error("the emulated cluster needs root (Mininet)")
     try:
-        policy_params = parse_params(args.policy_param)
+        controller = ControllerSettings(
+            policy=args.policy,
+            policy_params=parse_params(args.policy_param),
+            min_accesses=args.min_accesses,
+            tick_s=args.tick,
+            max_loads_per_tick=args.max_loads_per_tick,
+            sram_budget_bytes=args.sram_budget,
+        )
     except ValueError as exc:
         ap.error(str(exc))
     from emulation.switches import BMv2Switch, RefSwitch, default_switch_class
@@ -645,14 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speedup=args.speedup,
         pool_mbit=args.pool_mbit,
         host_mbit=args.host_mbit,
-        controller=ControllerSettings(
-            policy=args.policy,
-            policy_params=policy_params,
-            min_accesses=args.min_accesses,
-            tick_s=args.tick,
-            max_loads_per_tick=args.max_loads_per_tick,
-            sram_budget_bytes=args.sram_budget,
-        ),
+        controller=controller,
         runs=runs,
         progress=lambda s: print(s, flush=True),
         restart_switch_after_s=args.restart_switch_after,
