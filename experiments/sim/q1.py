@@ -177,9 +177,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--load", default="queue,instant", help="SRAM load models to run")
 
 
-main = tables_main(
-    "python -m experiments.q1_selection", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures
-)
+main = tables_main("q1_selection", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

@@ -165,9 +165,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dram-gib", default="32,256", help="DRAM prefix cache per host (GiB)")
 
 
-main = tables_main(
-    "python -m experiments.q2_tiers", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures
-)
+main = tables_main("q2_tiers", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

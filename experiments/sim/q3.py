@@ -268,9 +268,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pool-gib", default="64,256,inf", help="DRAM per pool node, inf = unbounded")
 
 
-main = tables_main(
-    "python -m experiments.q3_eviction", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures
-)
+main = tables_main("q3_eviction", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

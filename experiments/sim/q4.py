@@ -328,9 +328,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--speedups", help="trace part (default 1,100; quick: 1)")
 
 
-main = tables_main(
-    "python -m experiments.q4_breakeven", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures
-)
+main = tables_main("q4_breakeven", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def main_for(
 
 
 def tables_main(
-    prog: str,
+    entry: str,
     doc: str | None,
     default_out: Path,
     add_args: Callable[[argparse.ArgumentParser], None],
@@ -166,7 +166,8 @@ def tables_main(
     """The ``main`` of a research question: simulate, write its tables, draw its figures.
 
     Args:
-        prog: as for :func:`main_for`.
+        entry: the question's entry module under :mod:`experiments` (``q1_selection``): the
+            program is ``python -m experiments.<entry>``.
         doc: as for :func:`main_for`.
         default_out: as for :func:`main_for`.
         add_args: as for :func:`main_for`.
@@ -189,7 +190,7 @@ def tables_main(
         print(f"wrote {', '.join(map(str, written))}", flush=True)
         return lines
 
-    return main_for(prog, doc, default_out, add_args, run)
+    return main_for(f"python -m experiments.{entry}", doc, default_out, add_args, run)
 
 
 def save_figure(fig: Any, path: Path) -> None:
