@@ -355,7 +355,10 @@ class FetchClient(_Transport):
         directly, as ``fetch`` does; replicas that still arrive keep counting.
 
         Args:
-            tenant, key, dst, nbytes: the chunk and where it goes, as for :meth:`fetch`.
+            tenant: tenant id.
+            key: chunk key.
+            dst: where the chunk goes, a buffer as for :meth:`fetch`.
+            nbytes: chunk length; default: the buffer's size.
             stall_s: silence (no new fragment) after which the follower repairs on its own.
             first_wait_s: how long to wait for the stream's first fragment; default
                 ``stall_s``.
