@@ -36,6 +36,26 @@ POOL_PREFIX = "10.0.1."
 NETMASK_BITS = 16
 
 
+def _check_size(mtu: int, n_hosts: int, n_pools: int) -> None:
+    """The limits of every emulated cluster, star or fabric.
+
+    Args:
+        mtu: IP MTU of every link.
+        n_hosts: GPU hosts in all.
+        n_pools: pool nodes in all.
+
+    Raises:
+        ValueError: the MTU is outside ``MIN_MTU..MAX_MTU``, or not 1..200 GPU hosts, or not
+            1..50 pool nodes.
+    """
+    if not MIN_MTU <= mtu <= MAX_MTU:
+        raise ValueError(f"mtu must be {MIN_MTU}..{MAX_MTU}, got {mtu}")
+    if not 1 <= n_hosts <= 200:
+        raise ValueError(f"1..200 GPU hosts in all, got {n_hosts}")
+    if not 1 <= n_pools <= 50:
+        raise ValueError(f"1..50 pool nodes in all, got {n_pools}")
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """Shaping of one link.
@@ -86,12 +106,7 @@ class ClusterSpec:
     mtu: int = EMULATION_MTU
 
     def __post_init__(self) -> None:
-        if not MIN_MTU <= self.mtu <= MAX_MTU:
-            raise ValueError(f"mtu must be {MIN_MTU}..{MAX_MTU}, got {self.mtu}")
-        if not 1 <= self.n_hosts <= 200:
-            raise ValueError(f"n_hosts must be 1..200, got {self.n_hosts}")
-        if not 1 <= self.n_pools <= 50:
-            raise ValueError(f"n_pools must be 1..50, got {self.n_pools}")
+        _check_size(self.mtu, self.n_hosts, self.n_pools)
 
 
 @dataclass(frozen=True)
@@ -169,14 +184,9 @@ class FabricSpec:
     mtu: int = EMULATION_MTU
 
     def __post_init__(self) -> None:
-        if not MIN_MTU <= self.mtu <= MAX_MTU:
-            raise ValueError(f"mtu must be {MIN_MTU}..{MAX_MTU}, got {self.mtu}")
         if not 1 <= self.spines <= 8 or not 1 <= self.leaves <= 16:
             raise ValueError(f"1..8 spines and 1..16 leaves, got {self.spines}, {self.leaves}")
-        if not 1 <= self.n_hosts <= 200 or self.hosts_per_leaf < 1:
-            raise ValueError(f"1..200 GPU hosts in all, got {self.n_hosts}")
-        if not 1 <= self.n_pools <= 50:
-            raise ValueError(f"1..50 pool nodes in all, got {self.n_pools}")
+        _check_size(self.mtu, self.n_hosts, self.n_pools)
         if any(not 1 <= leaf <= self.leaves for leaf in self.pool_leaves):
             raise ValueError(f"pool_leaves must name leaves 1..{self.leaves}")
 

@@ -338,6 +338,7 @@ def _replay_cache_on(
     Returns:
         The cache-on run's result.
     """
+    from experiments.trace_replay.processes import ControllerSettings
     from experiments.trace_replay.run import run_experiment
 
     results = run_experiment(
@@ -348,7 +349,7 @@ def _replay_cache_on(
         speedup=1.0,
         pool_mbit=20.0,
         host_mbit=200.0,
-        tick_s=0.2,
+        controller=ControllerSettings(tick_s=0.2),
         runs=("cache-on",),
         progress=lambda s: progress(f"  {s}"),
         **faults,

@@ -129,8 +129,7 @@ class _Service(p4r_grpc.P4RuntimeServicer):
     ) -> p4r.SetForwardingPipelineConfigResponse:
         """Verifies, saves and / or installs a program (see the module docstring)."""
         try:
-            self._check(request)
-            self.arbiter.check_writer(request)
+            self._check(request, primary_only=True)
             self._set_pipeline(request)
         except SwitchStateError as exc:
             _abort(context, exc)
@@ -168,9 +167,7 @@ class _Service(p4r_grpc.P4RuntimeServicer):
     ) -> p4r.WriteResponse:
         """Applies the updates in order; reports each one's error (CONTINUE_ON_ERROR)."""
         try:
-            self._check(request)
-            self.arbiter.check_writer(request)
-            self._check(request, need_pipeline=True)
+            self._check(request, need_pipeline=True, primary_only=True)
             if request.atomicity != p4r.WriteRequest.CONTINUE_ON_ERROR:
                 raise UnimplementedError(
                     "Support for atomic write modes has not been implemented yet"
@@ -207,11 +204,27 @@ class _Service(p4r_grpc.P4RuntimeServicer):
         for i in range(0, max(len(entities), 1), READ_CHUNK):
             yield p4r.ReadResponse(entities=entities[i : i + READ_CHUNK])
 
-    def _check(self, request: _Request, *, need_pipeline: bool = False) -> None:
+    def _check(
+        self, request: _Request, *, need_pipeline: bool = False, primary_only: bool = False
+    ) -> None:
+        """What every request must pass, in PI's order: device, role, primary, pipeline.
+
+        Args:
+            request: the request.
+            need_pipeline: refuse it before a pipeline is set.
+            primary_only: refuse it from anyone but the primary (Write and
+                SetForwardingPipelineConfig).
+
+        Raises:
+            SwitchStateError: the first check that fails, with PI's code and wording.
+        """
         if request.device_id != self.state.device_id:
             raise NotFoundError(f"Invalid device id {request.device_id}")
         if getattr(request, "role", ""):
             raise UnimplementedError("Only the default role is supported")
+        if primary_only:
+            assert isinstance(request, p4r.WriteRequest | p4r.SetForwardingPipelineConfigRequest)
+            self.arbiter.check_writer(request)
         if need_pipeline and not self.state.ready:
             raise FailedPreconditionError(_NO_PIPELINE)
 

@@ -82,19 +82,25 @@ class ParamInfo:
 
 
 @dataclass(frozen=True, eq=False)
-class ActionInfo:
-    """An action and its parameters in P4Info order."""
+class _Named:
+    """What a P4Info preamble gives every entity with an alias: its id, name and alias."""
 
     id: int
     name: str
     alias: str
+
+
+@dataclass(frozen=True, eq=False)
+class ActionInfo(_Named):
+    """An action and its parameters in P4Info order."""
+
     params: tuple[ParamInfo, ...]
     param_by_id: Mapping[int, ParamInfo]
     param_by_name: Mapping[str, ParamInfo]
 
 
 @dataclass(frozen=True, eq=False)
-class TableInfo:
+class TableInfo(_Named):
     """A table: key fields in P4Info order, allowed actions and attached resources.
 
     Attributes:
@@ -104,9 +110,6 @@ class TableInfo:
         needs_priority: some field is ternary, range or optional (P4Runtime's rule).
     """
 
-    id: int
-    name: str
-    alias: str
     fields: tuple[FieldInfo, ...]
     field_index: Mapping[int, int]
     actions: Mapping[int, ActionScope]
@@ -124,24 +127,18 @@ class TableInfo:
 
 
 @dataclass(frozen=True)
-class CounterInfo:
+class CounterInfo(_Named):
     """An indirect counter array, or a direct counter (size 0, table_id set)."""
 
-    id: int
-    name: str
-    alias: str
     unit: CounterUnit
     size: int = 0
     table_id: int = 0
 
 
 @dataclass(frozen=True)
-class DigestInfo:
+class DigestInfo(_Named):
     """A digest: P4Data shape ("struct", "tuple" or "bitstring") and member bit widths."""
 
-    id: int
-    name: str
-    alias: str
     shape: str
     bitwidths: tuple[int, ...]
 

@@ -21,7 +21,8 @@ Modules:
     incast: the small-scale N-to-1 model of the emulation's modes a-d.
     validate: compare the small-scale model with the emulation's measured summary CSV.
     report: CSV, result lines and plots shared by the experiments, and their one ``main``
-        (:func:`~experiments.sim.report.main_for`).
+        (:func:`~experiments.sim.report.main_for`; for a research question,
+        :func:`~experiments.sim.report.tables_main`: its tables written, then its figures).
     q1, q2, q3, q4: one experiment per research question (run through the thin entry modules
         ``experiments.q1_selection``, ``q2_tiers``, ``q3_eviction``, ``q4_breakeven``).
     replication: a hot prefix on k pool replicas vs switch multicast (``experiments.replication``).

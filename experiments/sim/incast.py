@@ -23,7 +23,7 @@ time is when the last host holds the prefix.
 
 Classes:
     IncastParams: the emulated link and switch parameters.
-    IncastPoint: the model's prediction for one (mode, N, prefix size).
+    IncastPoint: one (mode, N, prefix size) point: its times and pool bytes, as predicted.
 
 Functions:
     predict: run one point.
@@ -93,7 +93,7 @@ class IncastParams:
 
 @dataclass(frozen=True)
 class IncastPoint:
-    """One predicted point.
+    """One point of the incast, as the model predicts it (a measured one: ``validate.Measured``).
 
     Attributes:
         mode: ``a``..``d``.
@@ -109,7 +109,7 @@ class IncastPoint:
     prefix_bytes: int
     max_s: float
     p50_s: float
-    pool_tx_bytes: int
+    pool_tx_bytes: float
 
 
 def predict(mode: str, n: int, prefix_bytes: int, p: IncastParams) -> IncastPoint:

@@ -27,8 +27,7 @@ Run: ``python -m experiments.q1_selection`` (``--quick`` for a smoke run). Write
 prints ``result q1 ...`` lines.
 
 Functions:
-    run: the experiment; returns the result lines.
-    main: command line.
+    main: command line (:func:`~experiments.sim.report.tables_main`).
 """
 
 from __future__ import annotations
@@ -42,11 +41,11 @@ from controlplane.policies import available_policies
 from experiments.sim.cluster import ClusterSim
 from experiments.sim.cluster_config import ClusterConfig
 from experiments.sim.cluster_result import SimResult
-from experiments.sim.hardware import MODELS
-from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
+from experiments.sim.hardware import MODELS, tofino1
+from experiments.sim.report import Tables, describe, pyplot, result_line, save_figure, tables_main
 from experiments.sim.workloads import WORKLOADS, make_workload
 
-__all__ = ["main", "run"]
+__all__ = ["main"]
 
 MIB = 1 << 20
 DEFAULT_OUT = Path("results/q1")
@@ -56,22 +55,14 @@ def _saved(base: float, value: float) -> float:
     return (base - value) / base if base else 0.0
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    """Replays each workload unicast, multicast and with each policy and SRAM budget.
-
-    Args:
-        args: parsed command line (see :func:`main`).
-
-    Returns:
-        The ``result q1 ...`` lines, one per run.
-    """
+def _simulate(args: argparse.Namespace, lines: list[str]) -> Tables:
+    """Replays each workload unicast, multicast and with each policy and SRAM budget."""
     model = MODELS[args.model]
     base = ClusterConfig(hosts=args.hosts, model=model)
     policies = args.policies.split(",") if args.policies else list(available_policies())
     budgets = [int(float(b) * MIB) for b in args.budgets.split(",")]
     print(f"# q1: {describe(base)}", flush=True)
     print(f"# policies {policies}; budgets {budgets} B; load models {args.load}", flush=True)
-    lines: list[str] = []
     rows: list[dict[str, Any]] = []
     for wname in args.workloads.split(","):
         w = make_workload(
@@ -136,12 +127,13 @@ def run(args: argparse.Namespace) -> list[str]:
                     rows.append(
                         {"label": pol, "budget_bytes": budget, **fields, **r.row(), "load": load}
                     )
-    out: Path = args.out
-    csv_path = write_csv(out / "q1_selection.csv", rows)
+    return {"q1_selection.csv": rows}
+
+
+def _figures(tables: Tables, out: Path) -> list[Path]:
     png = out / "q1_selection.png"
-    _plot(rows, png, base.switch.sram_bytes)
-    print(f"wrote {csv_path}, {png}", flush=True)
-    return lines
+    _plot(tables["q1_selection.csv"], png, tofino1().sram_bytes)
+    return [png]
 
 
 def _plot(rows: list[dict[str, Any]], path: Path, tofino_bytes: int) -> None:
@@ -185,7 +177,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--load", default="queue,instant", help="SRAM load models to run")
 
 
-main = main_for("python -m experiments.q1_selection", __doc__, DEFAULT_OUT, _add_args, run)
+main = tables_main("q1_selection", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

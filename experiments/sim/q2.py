@@ -26,8 +26,7 @@ Run: ``python -m experiments.q2_tiers`` (``--quick`` for a smoke run). Writes ``
 and ``q2_tiers.png`` under ``--out`` (default ``results/q2``) and prints ``result q2 ...``.
 
 Functions:
-    run: the experiment; returns the result lines.
-    main: command line.
+    main: command line (:func:`~experiments.sim.report.tables_main`).
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ from typing import Any
 from experiments.sim.cluster import ClusterSim
 from experiments.sim.cluster_config import TIER_RULES, TIERS, ClusterConfig
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
+from experiments.sim.report import Tables, describe, pyplot, result_line, save_figure, tables_main
 from experiments.sim.workloads import make_workload
 
-__all__ = ["main", "run"]
+__all__ = ["main"]
 
 DEFAULT_OUT = Path("results/q2")
 _KINDS = ("hbm", "dram", "sram", "pool", "recompute")
@@ -59,16 +58,8 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     return out
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    """Replays each workload, routing and host count for each model, DRAM size and tier rule.
-
-    Args:
-        args: parsed command line (see :func:`main`).
-
-    Returns:
-        The ``result q2 ...`` lines, one per run.
-    """
-    lines: list[str] = []
+def _simulate(args: argparse.Namespace, lines: list[str]) -> Tables:
+    """Replays each workload, routing and host count for each model, DRAM size and tier rule."""
     rows: list[dict[str, Any]] = []
     models = args.models.split(",")
     rules = args.rules.split(",")
@@ -128,12 +119,13 @@ def run(args: argparse.Namespace) -> list[str]:
             }
             lines.append(result_line("q2", **fields))
             rows.append({**fields, **r.row()})
-    out: Path = args.out
-    csv_path = write_csv(out / "q2_tiers.csv", rows)
+    return {"q2_tiers.csv": rows}
+
+
+def _figures(tables: Tables, out: Path) -> list[Path]:
     png = out / "q2_tiers.png"
-    _plot(rows, png)
-    print(f"wrote {csv_path}, {png}", flush=True)
-    return lines
+    _plot(tables["q2_tiers.csv"], png)
+    return [png]
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -173,7 +165,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dram-gib", default="32,256", help="DRAM prefix cache per host (GiB)")
 
 
-main = main_for("python -m experiments.q2_tiers", __doc__, DEFAULT_OUT, _add_args, run)
+main = tables_main("q2_tiers", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

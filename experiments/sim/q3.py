@@ -30,8 +30,7 @@ Run: ``python -m experiments.q3_eviction`` (``--quick`` for a smoke run). Writes
 Functions:
     value_left: future hits lost per SRAM eviction.
     host_value_left: later re-accesses of blocks that left a host.
-    run: the experiment; returns the result lines.
-    main: command line.
+    main: command line (:func:`~experiments.sim.report.tables_main`).
 """
 
 from __future__ import annotations
@@ -47,10 +46,10 @@ from experiments.sim.cluster import ClusterSim
 from experiments.sim.cluster_config import ClusterConfig
 from experiments.sim.cluster_result import SimResult
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
+from experiments.sim.report import Tables, describe, pyplot, result_line, save_figure, tables_main
 from experiments.sim.workloads import SimWorkload, make_workload
 
-__all__ = ["host_value_left", "main", "run", "value_left"]
+__all__ = ["host_value_left", "main", "value_left"]
 
 MIB = 1 << 20
 DEFAULT_OUT = Path("results/q3")
@@ -205,28 +204,20 @@ def _demote_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, A
     return rows
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    """Runs the parts in ``args.parts`` (``sram``, ``demote``); writes their CSVs and figure.
+def _simulate(args: argparse.Namespace, lines: list[str]) -> Tables:
+    """The parts in ``args.parts`` (``sram``, ``demote``), a table each."""
+    tables: Tables = {}
+    if "sram" in args.parts:
+        tables["q3_sram.csv"] = _sram_part(args, lines)
+    if "demote" in args.parts:
+        tables["q3_demote.csv"] = _demote_part(args, lines)
+    return tables
 
-    Args:
-        args: parsed command line (see :func:`main`).
 
-    Returns:
-        The ``result q3 ...`` lines, one per run.
-    """
-    lines: list[str] = []
-    out: Path = args.out
-    sram_rows = _sram_part(args, lines) if "sram" in args.parts else []
-    demote_rows = _demote_part(args, lines) if "demote" in args.parts else []
-    paths = []
-    if sram_rows:
-        paths.append(write_csv(out / "q3_sram.csv", sram_rows))
-    if demote_rows:
-        paths.append(write_csv(out / "q3_demote.csv", demote_rows))
+def _figures(tables: Tables, out: Path) -> list[Path]:
     png = out / "q3_eviction.png"
-    _plot(sram_rows, demote_rows, png)
-    print(f"wrote {', '.join(map(str, paths))}, {png}", flush=True)
-    return lines
+    _plot(tables.get("q3_sram.csv", []), tables.get("q3_demote.csv", []), png)
+    return [png]
 
 
 def _plot(sram: list[dict[str, Any]], demote: list[dict[str, Any]], path: Path) -> None:
@@ -277,7 +268,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pool-gib", default="64,256,inf", help="DRAM per pool node, inf = unbounded")
 
 
-main = main_for("python -m experiments.q3_eviction", __doc__, DEFAULT_OUT, _add_args, run)
+main = tables_main("q3_eviction", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

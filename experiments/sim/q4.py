@@ -32,8 +32,7 @@ Classes:
 
 Functions:
     breakeven: the smallest N from which every larger N pays.
-    run: the experiment; returns the result lines.
-    main: command line.
+    main: command line (:func:`~experiments.sim.report.tables_main`).
 
 Constants:
     SCENARIOS: the scenarios, base first.
@@ -52,11 +51,11 @@ from experiments.sim.cluster import ClusterSim
 from experiments.sim.cluster_config import ClusterConfig
 from experiments.sim.cluster_result import SimResult
 from experiments.sim.hardware import MODELS
-from experiments.sim.report import describe, main_for, pyplot, result_line, save_figure, write_csv
+from experiments.sim.report import Tables, describe, pyplot, result_line, save_figure, tables_main
 from experiments.sim.workloads import burst_workload, make_workload
 from experiments.traces import mix64
 
-__all__ = ["SCENARIOS", "Scenario", "breakeven", "main", "run"]
+__all__ = ["SCENARIOS", "Scenario", "breakeven", "main"]
 
 MIB = 1 << 20
 DEFAULT_OUT = Path("results/q4")
@@ -248,33 +247,34 @@ def _trace_part(args: argparse.Namespace, lines: list[str]) -> list[dict[str, An
     return rows
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    """Runs the parts in ``args.parts`` (``burst``: the break-even, ``trace``); CSVs, figures.
+def _simulate(args: argparse.Namespace, lines: list[str]) -> Tables:
+    """The parts in ``args.parts`` (``burst``: the break-even, ``trace``).
 
-    Args:
-        args: parsed command line (see :func:`main`).
-
-    Returns:
-        The ``result q4 ...`` lines, one per run.
+    The defaults that depend on ``--quick`` are filled in first.
     """
-    lines: list[str] = []
-    out: Path = args.out
-    written = []
+    if args.ns is None:
+        args.ns = "1,4,16" if args.quick else "1,2,4,8,16,32,64,128,256"
+    if args.scenarios is None:
+        args.scenarios = "base,kv4-reuse8" if args.quick else ""
+    if args.speedups is None:
+        args.speedups = "1" if args.quick else "1,100"
+    tables: Tables = {}
     if "burst" in args.parts:
-        rows, summary = _burst_part(args, lines)
-        written += [
-            write_csv(out / "q4_burst.csv", rows),
-            write_csv(out / "q4_breakeven.csv", summary),
-        ]
-        _plot_burst(rows, out / "q4_breakeven.png")
-        written.append(out / "q4_breakeven.png")
+        tables["q4_burst.csv"], tables["q4_breakeven.csv"] = _burst_part(args, lines)
     if "trace" in args.parts:
-        trows = _trace_part(args, lines)
-        written.append(write_csv(out / "q4_trace.csv", trows))
-        _plot_trace(trows, out / "q4_trace.png")
+        tables["q4_trace.csv"] = _trace_part(args, lines)
+    return tables
+
+
+def _figures(tables: Tables, out: Path) -> list[Path]:
+    written = []
+    if "q4_burst.csv" in tables:
+        _plot_burst(tables["q4_burst.csv"], out / "q4_breakeven.png")
+        written.append(out / "q4_breakeven.png")
+    if "q4_trace.csv" in tables:
+        _plot_trace(tables["q4_trace.csv"], out / "q4_trace.png")
         written.append(out / "q4_trace.png")
-    print(f"wrote {', '.join(map(str, written))}", flush=True)
-    return lines
+    return written
 
 
 def _plot_burst(rows: list[dict[str, Any]], path: Path) -> None:
@@ -328,18 +328,7 @@ def _add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--speedups", help="trace part (default 1,100; quick: 1)")
 
 
-def _run_args(args: argparse.Namespace) -> list[str]:
-    """:func:`run` with the defaults that depend on ``--quick`` filled in."""
-    if args.ns is None:
-        args.ns = "1,4,16" if args.quick else "1,2,4,8,16,32,64,128,256"
-    if args.scenarios is None:
-        args.scenarios = "base,kv4-reuse8" if args.quick else ""
-    if args.speedups is None:
-        args.speedups = "1" if args.quick else "1,100"
-    return run(args)
-
-
-main = main_for("python -m experiments.q4_breakeven", __doc__, DEFAULT_OUT, _add_args, _run_args)
+main = tables_main("q4_breakeven", __doc__, DEFAULT_OUT, _add_args, _simulate, _figures)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ Result lines are parseable: ``result <experiment> key=value ...`` with values fr
 Classes:
     ExperimentMain: the type of an experiment's ``main``.
 
+Types:
+    Tables: an experiment's CSV tables by file name.
+
 Functions:
     result_line: format (and print) one result line.
     parse_result: split a result line into its experiment and fields.
@@ -13,6 +16,8 @@ Functions:
     add_common_args: ``--out``, ``--quick`` and ``--trace`` for every experiment's command line.
     main_for: the one ``main`` of the research questions and the replication
         experiment: their own options beside the common ones, then their ``run``.
+    tables_main: the ``main`` of a research question: ``main_for`` over its one ``run``
+        (simulate, write the tables as CSV files, draw the figures).
     save_figure: lay out, write and close a figure (every plot of the model's experiments).
     describe: a one-line summary of a configuration for the log.
 """
@@ -36,8 +41,12 @@ __all__ = [
     "result_line",
     "main_for",
     "save_figure",
+    "tables_main",
     "write_csv",
 ]
+
+Tables = dict[str, list[dict[str, Any]]]
+"""An experiment's CSV tables by file name (``q3_sram.csv``), each a list of rows."""
 
 
 def _fmt(value: object) -> str:
@@ -144,6 +153,44 @@ def main_for(
 
     main.__doc__ = f"Command line of ``{prog}``; returns 0."
     return main
+
+
+def tables_main(
+    entry: str,
+    doc: str | None,
+    default_out: Path,
+    add_args: Callable[[argparse.ArgumentParser], None],
+    simulate: Callable[[argparse.Namespace, list[str]], Tables],
+    figures: Callable[[Tables, Path], list[Path]],
+) -> ExperimentMain:
+    """The ``main`` of a research question: simulate, write its tables, draw its figures.
+
+    Args:
+        entry: the question's entry module under :mod:`experiments` (``q1_selection``): the
+            program is ``python -m experiments.<entry>``.
+        doc: as for :func:`main_for`.
+        default_out: as for :func:`main_for`.
+        add_args: as for :func:`main_for`.
+        simulate: runs the simulations the parsed command line asks for, appends one result
+            line per run to the list it is given, and returns the tables.
+        figures: draws the figures from the tables into the output directory (``--out``);
+            returns their files.
+
+    Returns:
+        :func:`main_for`'s ``main`` around a ``run`` that writes each non-empty table as a
+        CSV file under ``--out``, then the figures, and prints the files it wrote.
+    """
+
+    def run(args: argparse.Namespace) -> list[str]:
+        lines: list[str] = []
+        tables = simulate(args, lines)
+        out: Path = args.out
+        written = [write_csv(out / name, rows) for name, rows in tables.items() if rows]
+        written += figures(tables, out)
+        print(f"wrote {', '.join(map(str, written))}", flush=True)
+        return lines
+
+    return main_for(f"python -m experiments.{entry}", doc, default_out, add_args, run)
 
 
 def save_figure(fig: Any, path: Path) -> None:

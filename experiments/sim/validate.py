@@ -43,10 +43,10 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from experiments.sim.incast import MODES, IncastParams, predict
+from experiments.sim.incast import MODES, IncastParams, IncastPoint, predict
 from experiments.sim.report import pyplot, result_line, save_figure, write_csv
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
     "read_summary",
 ]
 
-REQUIRED = ("mode", "n", "prefix_bytes", "max_s", "p50_s", "pool_tx_bytes")
+REQUIRED = tuple(f.name for f in fields(IncastPoint))
 
 
 class SummaryFormatError(ValueError):
@@ -67,25 +67,13 @@ class SummaryFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class Measured:
-    """Measured medians of one point.
+class Measured(IncastPoint):
+    """A point as the emulation measured it: each quantity the median over its repeats.
 
     Attributes:
-        mode: ``a``..``d``.
-        n: hosts.
-        prefix_bytes: prefix size.
-        max_s: median over repeats of the time until all hosts held the prefix.
-        p50_s: median over repeats of the median host time.
-        pool_tx_bytes: median pool transmitted bytes.
         repeats: rows reduced.
     """
 
-    mode: str
-    n: int
-    prefix_bytes: int
-    max_s: float
-    p50_s: float
-    pool_tx_bytes: float
     repeats: int
 
 

@@ -1,6 +1,7 @@
 """The processes and plumbing of a trace replay's cluster.
 
 Classes:
+    ControllerSettings: the controller's policy and pacing for a replay.
     ManagementNetwork: veth pairs from each node's namespace to the root namespace.
     ControllerProcess: the controller daemon as a process, restartable.
     PoolProcess: the pool node's server in its namespace, restartable.
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +101,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """The controller's policy and pacing for a replay (:func:`controller_config`'s knobs).
+
+    Attributes:
+        policy: policy name.
+        policy_params: its parameters.
+        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
+        tick_s: tick period.
+        max_loads_per_tick: admissions applied per tick.
+        sram_budget_bytes: SRAM budget, or None for all of it.
+    """
+
+    policy: str = "kvcast"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    min_accesses: int | str = "auto"
+    tick_s: float = 0.5
+    max_loads_per_tick: int = 64
+    sram_budget_bytes: int | None = None
 
 
 def controller_config(

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from experiments.trace_replay.plan import (
 )
 from experiments.trace_replay.processes import (
     REPO,
+    ControllerSettings,
     ManagementNetwork,
     PoolProcess,
     controller_config,
@@ -167,12 +168,7 @@ def run_replay(
     cache_on: bool,
     speedup: float,
     block_bytes: int,
-    policy: str = "kvcast",
-    policy_params: dict[str, Any] | None = None,
-    min_accesses: int | str = "auto",
-    tick_s: float = 0.5,
-    max_loads_per_tick: int = 64,
-    sram_budget_bytes: int | None = None,
+    controller: ControllerSettings | None = None,
     workdir: Path,
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
@@ -191,12 +187,7 @@ def run_replay(
         cache_on: whether the controller applies its decisions.
         speedup: trace time over replay time.
         block_bytes: bytes per block.
-        policy: controller policy name.
-        policy_params: its parameters.
-        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
-        tick_s: controller tick period.
-        max_loads_per_tick: controller admissions per tick.
-        sram_budget_bytes: SRAM budget (None: all of it).
+        controller: the controller's policy and pacing (None: the defaults).
         workdir: where the controller's config and log go.
         progress: where progress lines go.
         restart_switch_after_s: kill and restart the switch this long after the first
@@ -222,18 +213,14 @@ def run_replay(
     report_port, metrics_port = free_port(), free_port()
     run_dir = workdir / name
     run_dir.mkdir(parents=True, exist_ok=True)
+    settings = controller or ControllerSettings()
     config = controller_config(
         cluster,
         mgmt,
         cache_on=cache_on,
         report_port=report_port,
         metrics_port=metrics_port,
-        policy=policy,
-        tick_s=tick_s,
-        max_loads_per_tick=max_loads_per_tick,
-        sram_budget_bytes=sram_budget_bytes,
-        policy_params=policy_params,
-        min_accesses=min_accesses,
+        **asdict(settings),
     )
     pool = cluster.pools()[0]
     hosts = cluster.hosts()
@@ -360,7 +347,7 @@ def run_replay(
         if restart is not None:
             result.restart = restart.join(timeout=90)
             progress(f"  {name}: restart {result.restart}")
-        time.sleep(2 * tick_s)  # the last reports reach a tick
+        time.sleep(2 * settings.tick_s)  # the last reports reach a tick
         result.pool_tx_bytes = (
             read_counter(cluster, pool.name, cluster.host(pool.name).defaultIntf().name) - tx0
         )
@@ -382,12 +369,7 @@ def run_experiment(
     speedup: float,
     pool_mbit: float | None = 2.0,
     host_mbit: float | None = 20.0,
-    policy: str = "kvcast",
-    policy_params: dict[str, Any] | None = None,
-    min_accesses: int | str = "auto",
-    tick_s: float = 0.5,
-    max_loads_per_tick: int = 64,
-    sram_budget_bytes: int | None = None,
+    controller: ControllerSettings | None = None,
     runs: Sequence[str] = ("cache-off", "cache-on"),
     progress: Callable[[str], None] = print,
     restart_switch_after_s: float | None = None,
@@ -407,12 +389,7 @@ def run_experiment(
         speedup: trace time over replay time.
         pool_mbit: pool link rate (None: unshaped).
         host_mbit: host link rate (None: unshaped).
-        policy: controller policy.
-        policy_params: its parameters.
-        min_accesses: reports of a chunk before the policy hears of it, or ``"auto"``.
-        tick_s: controller tick period.
-        max_loads_per_tick: controller admissions per tick.
-        sram_budget_bytes: SRAM budget (None: all).
+        controller: the controller's policy and pacing in both runs (None: the defaults).
         runs: which runs, in order.
         progress: where progress lines go.
         restart_switch_after_s: in the cache-on run, kill and restart the switch this long
@@ -465,8 +442,8 @@ def run_experiment(
             # The pool node checks each GET's tenant against its sender's binding: the hosts'
             # as the switch binds them, and the controller's chunk reads (over the management
             # network, from the root side of the pool's link) for any tenant.
-            controller = f"{mgmt.root_ip[pool.name]}=any"
-            pool_cmd += [*cluster.source_tenants(), "--source-tenants", controller]
+            reader = f"{mgmt.root_ip[pool.name]}=any"
+            pool_cmd += [*cluster.source_tenants(), "--source-tenants", reader]
             pool_node.start()
             progress(
                 f"trace_replay: switch={cluster.switch_cls.kind} hosts={hosts} "
@@ -481,12 +458,7 @@ def run_experiment(
                     cache_on=name == "cache-on",
                     speedup=speedup,
                     block_bytes=block_bytes,
-                    policy=policy,
-                    policy_params=policy_params,
-                    min_accesses=min_accesses,
-                    tick_s=tick_s,
-                    max_loads_per_tick=max_loads_per_tick,
-                    sram_budget_bytes=sram_budget_bytes,
+                    controller=controller,
                     workdir=workdir,
                     progress=progress,
                     restart_switch_after_s=restart_switch_after_s if name == "cache-on" else None,
@@ -653,7 +625,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         ap.error("the emulated cluster needs root (Mininet)")
     try:
-        policy_params = parse_params(args.policy_param)
+        controller = ControllerSettings(
+            policy=args.policy,
+            policy_params=parse_params(args.policy_param),
+            min_accesses=args.min_accesses,
+            tick_s=args.tick,
+            max_loads_per_tick=args.max_loads_per_tick,
+            sram_budget_bytes=args.sram_budget,
+        )
     except ValueError as exc:
         ap.error(str(exc))
     from emulation.switches import BMv2Switch, RefSwitch, default_switch_class
@@ -673,12 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speedup=args.speedup,
         pool_mbit=args.pool_mbit,
         host_mbit=args.host_mbit,
-        policy=args.policy,
-        policy_params=policy_params,
-        min_accesses=args.min_accesses,
-        tick_s=args.tick,
-        max_loads_per_tick=args.max_loads_per_tick,
-        sram_budget_bytes=args.sram_budget,
+        controller=controller,
         runs=runs,
         progress=lambda s: print(s, flush=True),
         restart_switch_after_s=args.restart_switch_after,

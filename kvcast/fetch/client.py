@@ -358,9 +358,7 @@ class FetchClient(_Transport):
         Args:
             tenant: tenant id.
             key: chunk key.
-            dst: where the chunk goes: a contiguous, writable 1-D uint8 numpy array, or a
-                writable bytes-like buffer (``bytearray``, ``memoryview``); the host agent's
-                client takes a uint8 CPU tensor here.
+            dst: where the chunk goes, a buffer as for :meth:`fetch`.
             nbytes: chunk length; default: the buffer's size.
             stall_s: silence (no new fragment) after which the follower repairs on its own.
             first_wait_s: how long to wait for the stream's first fragment; default

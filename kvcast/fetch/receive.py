@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvcast import p4constants as c
 from kvcast.fetch.recovery import _Recovery
@@ -26,6 +26,7 @@ from kvcast.fetch.state import (
     _SLOT,
     _TENANT_KEY,
     STASH_MAX_BYTES,
+    _Get,
     _GiveUp,
     _State,
 )
@@ -163,9 +164,9 @@ class _Receiver(_Recovery):
         """
         ev = self._events
         for i in range(0, nev * _EVENT_FIELDS, _EVENT_FIELDS):
-            rid, first, _last, new, flags, crc_ok, index = ev[i : i + _EVENT_FIELDS]
+            rid, first, last, new, flags, crc_ok, index = ev[i : i + _EVENT_FIELDS]
             st = states[index]
-            report, inflight, frag = st.report, st.inflight, st.frag
+            report, inflight = st.report, st.inflight
             g = inflight.get(rid)
             if not crc_ok:
                 report.crc_failures += 1
@@ -173,37 +174,85 @@ class _Receiver(_Recovery):
                     del inflight[rid]
                     self._release_or_give_up(st, rid, g, failed=True)
                 continue
-            if g is not None:
-                st.last_reply = time.monotonic()
-                self._sample_rtt(st, st.last_reply - g[3])
-                off = (rid - st.rid_base) & 0xFFFFFFFF
-                if off > st.answered:
-                    st.answered = off
-            elif rid in st.late:
-                st.last_reply = time.monotonic()
-                self._sample_rtt(st, st.last_reply - st.late.pop(rid))
+            self._time_reply(st, rid, g)
             if new == 0:
                 report.duplicates += 1
             else:
-                st.missing -= new
-                if flags & c.KVP_FLAG_HIT:
-                    report.frags_hit += new
-                else:
-                    report.frags_pool += new
-                    if self.direct is not None and not st.direct_done:
-                        st.want_direct = st.get_group == 0 and not st.follower
-                if st.follower:
-                    report.repairs += new
-                if st.listening:
-                    st.last_progress = time.monotonic()
-                    st.arrivals += 1
+                self._book_new(st, new, flags, last, from_get=True)
             if g is not None:
-                if flags & c.KVP_FLAG_HIT:
-                    del inflight[rid]
-                    if g[1] > 1 or first != g[0]:
-                        self._release_or_give_up(st, rid, g, failed=False)
-                elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
-                    del inflight[rid]
+                self._retire_get(st, rid, g, first, flags, self._release_or_give_up)
+
+    def _book_new(self, st: _State, new: int, flags: int, last: int, *, from_get: bool) -> None:
+        """Books ``new`` fragments a checked DATA brought into ``st`` (both receive paths).
+
+        Args:
+            st: the fetch.
+            new: fragments it wrote that were missing (> 0).
+            flags: the DATA's flags (``KVP_FLAG_HIT``: from switch SRAM).
+            last: one past its last fragment.
+            from_get: it answers one of this fetch's GETs (else it is a replica of the group's
+                stream).
+        """
+        report = st.report
+        st.missing -= new
+        if flags & c.KVP_FLAG_HIT:
+            report.frags_hit += new
+        else:
+            report.frags_pool += new
+            if from_get and self.direct is not None and not st.direct_done:
+                st.want_direct = st.get_group == 0 and not st.follower
+        if not from_get:
+            report.frags_stream += new
+            if last > st.stream_high:
+                st.stream_high = last
+        elif st.follower:
+            report.repairs += new
+        if st.listening:
+            st.last_progress = time.monotonic()
+            st.arrivals += 1
+
+    def _time_reply(self, st: _State, rid: int, g: _Get | None) -> None:
+        """Samples the round trip of a reply to GET ``rid`` (``g``: in flight; else a late one).
+
+        Both receive paths call this for every DATA that passed its checks.
+        """
+        if g is not None:
+            st.last_reply = time.monotonic()
+            self._sample_rtt(st, st.last_reply - g[3])
+            off = (rid - st.rid_base) & 0xFFFFFFFF
+            if off > st.answered:
+                st.answered = off
+        elif rid in st.late:
+            st.last_reply = time.monotonic()
+            self._sample_rtt(st, st.last_reply - st.late.pop(rid))
+
+    @staticmethod
+    def _retire_get(
+        st: _State,
+        rid: int,
+        g: _Get,
+        first: int,
+        flags: int,
+        release: Callable[[_State, int, _Get, bool], None],
+    ) -> None:
+        """Ends GET ``rid`` once its DATA is in: a switch hit, or every fragment it asked for.
+
+        Args:
+            st: the fetch.
+            rid: the GET's request id.
+            g: the GET (first fragment, count, ...).
+            first: the first fragment of the DATA that answered it.
+            flags: that DATA's flags.
+            release: how to hand back the rest of a hit GET's range (``_release``, or
+                ``_release_or_give_up`` on the native path).
+        """
+        if flags & c.KVP_FLAG_HIT:
+            # The switch answers a GET with its first fragment only: ask for the rest anew.
+            del st.inflight[rid]
+            if g[1] > 1 or first != g[0]:
+                release(st, rid, g, False)
+        elif st.frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
+            del st.inflight[rid]
 
     def _receive(self, st: _State, nrecv: int) -> None:
         report = st.report
@@ -261,14 +310,7 @@ class _Receiver(_Recovery):
                 del st.inflight[rid]
                 self._release(st, rid, g, failed=True)
             return
-        if g is not None:
-            st.last_reply = time.monotonic()
-            self._sample_rtt(st, st.last_reply - g[3])
-            if off > st.answered:
-                st.answered = off
-        elif rid in st.late:
-            st.last_reply = time.monotonic()
-            self._sample_rtt(st, st.last_reply - st.late.pop(rid))
+        self._time_reply(st, rid, g)
         frag = st.frag
         if last == first + 1:
             new = 0 if frag[first] == _PRESENT else 1
@@ -289,27 +331,6 @@ class _Receiver(_Recovery):
                 frag[first] = _PRESENT
             else:
                 frag[first:last] = _PRESENT_BYTE * (last - first)
-            st.missing -= new
-            if flags & c.KVP_FLAG_HIT:
-                report.frags_hit += new
-            else:
-                report.frags_pool += new
-                if path is not None and self.direct is not None and not st.direct_done:
-                    st.want_direct = st.get_group == 0 and not st.follower
-            if path is None:
-                report.frags_stream += new
-                if last > st.stream_high:
-                    st.stream_high = last
-            elif st.follower:
-                report.repairs += new
-            if st.listening:
-                st.last_progress = time.monotonic()
-                st.arrivals += 1
+            self._book_new(st, new, flags, last, from_get=path is not None)
         if g is not None:
-            if flags & c.KVP_FLAG_HIT:
-                # The switch answers a GET with its first fragment only: ask for the rest anew.
-                del st.inflight[rid]
-                if g[1] > 1 or first != g[0]:
-                    self._release(st, rid, g, failed=False)
-            elif frag.count(_PRESENT_BYTE, g[0], g[0] + g[1]) == g[1]:
-                del st.inflight[rid]
+            self._retire_get(st, rid, g, first, flags, self._release)

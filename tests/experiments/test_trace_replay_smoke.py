@@ -27,6 +27,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Summaries:
     if MININET_MISSING:
         pytest.skip(MININET_MISSING)
     from experiments.trace_replay.plan import plan_requests
+    from experiments.trace_replay.processes import ControllerSettings
     from experiments.trace_replay.run import run_experiment
 
     trace = tmp_path_factory.mktemp("trace") / "shared.jsonl"
@@ -45,7 +46,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Summaries:
         speedup=1.0,
         pool_mbit=20.0,
         host_mbit=200.0,
-        tick_s=0.2,
+        controller=ControllerSettings(tick_s=0.2),
         progress=lambda _s: None,
     )
     return {name: r.summary() for name, r in got.items()}
