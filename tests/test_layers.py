@@ -5,12 +5,15 @@ Bottom to top: ``kvcast`` (the contracts every part shares); the components ``re
 component, and never ``kvcast.tools``, which serves builds, tests and the emulation);
 ``emulation`` and ``fuzz``; ``experiments``; ``benchmarks``. Every import counts, also one inside
 a function. The files of one package import each other without a cycle (imports made only for
-type checking are left out: they do not run).
+type checking are left out: they do not run). The controller, the pool node and the reference
+switch import without torch (only the host agent's tensors need it).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,22 @@ def test_no_file_cycle_at_import_time() -> None:
         for name, path in MODULES.items()
     }
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_controller_pool_node_and_switch_run_without_torch() -> None:
+    # Only the host agent needs torch (its tensors); pyproject lists it for the host agent only.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any import of torch now fails
+        "import controlplane.__main__, controlplane.daemon, controlplane.chunksource\n"
+        "import controlplane.fabric, controlplane.pusher, poolnode.__main__, refswitch.__main__\n"
+        "import kvcast.fetch\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0, got.stderr
+    blocked = "import sys; sys.modules['torch'] = None\nimport hostagent.fetch\n"
+    got = subprocess.run(
+        [sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode != 0 and "torch" in got.stderr  # the check sees a torch import
