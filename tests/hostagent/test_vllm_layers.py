@@ -182,10 +182,15 @@ def test_layer_0_is_released_while_a_chunks_later_layers_are_on_their_way(
         for mine, src in zip(w.blocks[:4], w.theirs[:4], strict=True):
             assert layer_of(w.consumer, mine, 0) == layer_of(w.producer, src, 0)
         assert layer_of(w.consumer, w.blocks[2], 1) != layer_of(w.producer, w.theirs[2], 1)
+        # Its later layers are asked for (layer by layer, after layer 0 of every chunk) and
+        # held back; only then is the pool let answer them.
+        deadline = time.monotonic() + 10.0
+        while w.responder.withheld == 0:
+            assert time.monotonic() < deadline, "no GET for the withheld layers within 10 s"
+            time.sleep(0.005)
         w.responder.open.set()
         w.consumer.worker.wait_for_layer_load(NAMES[1])
         assert w.consumer.worker.get_block_ids_with_load_errors() == set()
-        assert w.responder.withheld >= 1
         for mine, src in zip(w.blocks[:4], w.theirs[:4], strict=True):
             assert w.consumer.block_bytes(mine) == w.producer.block_bytes(src)
         step = w.consumer.kv.last_step
