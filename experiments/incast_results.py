@@ -30,6 +30,7 @@ from experiments.sim.incast import MODES as SIM_MODES
 from experiments.sim.incast import IncastParams, predict
 from experiments.sim.validate import Measured, calibrate_replica_cost, calibrate_switch_pps
 from kvcast import p4constants as c
+from kvcast.replicas import replica_key as _bucket_replica_key
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,13 @@ def replica_key(key: int, replica: int) -> int:
     """The key replica ``replica`` holds the prefix under: one in a bucket that node owns.
 
     The switch's pool-owner table gives bucket b to pool node ``b mod n_pools``
-    (:class:`emulation.network.Cluster`); ``key`` sits in bucket 0, so ``key + j`` is in bucket
-    j, owned by pool node j.
+    (:class:`emulation.network.Cluster`); ``key`` sits in bucket 0, so its replica j's key
+    (``kvcast.replicas.replica_key``, the serving sweep's too) is ``key + j``, in bucket j,
+    owned by pool node j.
     """
     if key & (c.POOL_BUCKETS - 1):
         raise ValueError(f"key {key:#x} is not in bucket 0")
-    return key + replica
+    return _bucket_replica_key(key, replica, c.POOL_BUCKETS)
 
 
 @dataclass
