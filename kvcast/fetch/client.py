@@ -456,10 +456,7 @@ class FetchClient(_Transport):
                         f.listening, f.scan, f.report.stalled = False, 0, stalled
                 while active:
                     self._run_many(active, keep=True)
-                    now = time.monotonic()
-                    for f in [f for f in active if f.give_up is not None or not f.missing]:
-                        f.ended = now
-                        active.remove(f)
+                    self._retire(active)
                 for st in states:
                     r = requests[st.index]
                     reports.append(self._close(st, st.give_up, r.parent, r.position, r.kv_class))
@@ -576,11 +573,7 @@ class FetchClient(_Transport):
             self._run_many(active)
             if progress is not None:
                 self._advance(active)
-            now = time.monotonic()
-            for st in [s for s in active if s.give_up is not None or not s.missing]:
-                st.ended = now
-                active.remove(st)
-                failed |= st.give_up is not None and not st.is_mac
+            failed |= any(st.give_up is not None and not st.is_mac for st in self._retire(active))
         return [
             self._close(st, st.give_up, r.parent, r.position, r.kv_class)
             for st, r in zip(states, requests, strict=False)
@@ -618,6 +611,20 @@ class FetchClient(_Transport):
             progress(st.index, st.nbytes)
         duration = st.ended - st.started + mac_s
         return self._conclude(st, reason, duration, parent, position, kv_class)
+
+    @staticmethod
+    def _retire(active: list[_State]) -> list[_State]:
+        """Takes the fetches that ended (complete or given up) out of ``active``, with the time.
+
+        Returns:
+            Those fetches.
+        """
+        now = time.monotonic()
+        ended = [st for st in active if st.give_up is not None or not st.missing]
+        for st in ended:
+            st.ended = now
+            active.remove(st)
+        return ended
 
     def _mac_beside(self, st: _State) -> _State:
         """Starts the fetch of ``st``'s MAC object, to run beside it (``st.mac_of``)."""
