@@ -22,7 +22,7 @@ ENTRY_POINTS = [
     "experiments.serving_engine", "experiments.trace_replay", "experiments.sim.validate",
     "experiments.sim.fabric", "experiments.sim.crosscheck", "experiments.sram_tokens",
     "experiments.q1_selection", "experiments.q2_tiers", "experiments.q3_eviction",
-    "experiments.q4_breakeven",
+    "experiments.q4_breakeven", "experiments.selection_bounds",
 ]  # fmt: skip
 
 
