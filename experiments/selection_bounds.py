@@ -29,9 +29,10 @@ figure a cell needs (``need = best + 0.1 x (1 - best)``, per workload):
   later reference is never admitted and is evicted first. For chat this is knowing which
   sessions end, not when the others return.
 
-Run: ``python -m experiments.selection_bounds`` (about a minute; ``--quick`` for one small
-workload per family). Prints one ``result selection-bound ...`` line per workload and budget
-and a table; ``reached=`` says whether a bound reaches the figure the cell needs.
+Run: ``python -m experiments.selection_bounds`` (about three minutes; ``--quick`` for one
+small workload per family). Prints one ``result selection-bound ...`` line per workload and
+budget and a table; ``reached_online=`` and ``reached_oracle=`` say whether a bound reaches the
+figure the cell needs.
 
 Classes:
     PrefixRecencyPolicy: recency by request, deepest block first, optional admission mask.
@@ -48,6 +49,7 @@ Functions:
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import sys
 import time
@@ -66,14 +68,13 @@ from controlplane.policies.base import (
     make_policy,
 )
 from controlplane.policies.belady import NEVER, next_use_indices
-from experiments.lofo import ANCHORS, BUDGET_FRACTIONS, families
+from experiments.lofo import ANCHORS, BUDGET_FRACTIONS, CLOSE_SHARE, families, make_cases
 from experiments.output import text_table
-from experiments.policies.evaluate import opt_result, replay
+from experiments.policies.evaluate import replay
 from experiments.policies.workloads import Workload
 from experiments.sim.report import result_line
 
 __all__ = [
-    "CLOSE_SHARE",
     "MISSED",
     "FilteredPolicy",
     "THRESHOLDS",
@@ -84,9 +85,6 @@ __all__ = [
     "main",
     "reuse_features",
 ]
-
-CLOSE_SHARE = 0.1
-"""Share of the distance from the best anchor to the optimum a cell asks kvcast to close."""
 
 MISSED: Mapping[str, tuple[float, ...]] = {
     "chat": (0.01, 0.04),
@@ -251,13 +249,6 @@ class FilteredPolicy(CachePolicy):
         raise NotImplementedError("FilteredPolicy overrides observe")
 
 
-def _bucket(x: float, edges: Sequence[float]) -> int:
-    for i, edge in enumerate(edges):
-        if x < edge:
-            return i
-    return len(edges)
-
-
 def reuse_features(workload: Workload) -> list[Hashable]:
     """The features of every access, each computable online when the access arrives.
 
@@ -281,10 +272,10 @@ def reuse_features(workload: Workload) -> list[Hashable]:
                 out.append(
                     (
                         "new",
-                        _bucket(to_end, (1, 2, 3, 5, 8)),
-                        _bucket(p - new_start, (1, 2, 4)),
-                        _bucket(new_start, (1, 4, 16)),
-                        _bucket(n, (8, 32, 64)),
+                        bisect.bisect_right((1, 2, 3, 5, 8), to_end),
+                        bisect.bisect_right((1, 2, 4), p - new_start),
+                        bisect.bisect_right((1, 4, 16), new_start),
+                        bisect.bisect_right((8, 32, 64), n),
                     )
                 )
                 seen[key] = (1, r.time)
@@ -293,9 +284,9 @@ def reuse_features(workload: Workload) -> list[Hashable]:
                 out.append(
                     (
                         "seen",
-                        _bucket(count, (2, 3, 5, 9)),
-                        _bucket(r.time - last, (1, 4, 16, 64, 256)),
-                        _bucket(to_end, (1, 3, 8)),
+                        bisect.bisect_right((2, 3, 5, 9), count),
+                        bisect.bisect_right((1, 4, 16, 64, 256), r.time - last),
+                        bisect.bisect_right((1, 3, 8), to_end),
                     )
                 )
                 seen[key] = (count + 1, r.time)
@@ -315,20 +306,24 @@ def dead_block_oracle(workload: Workload) -> list[bool]:
 
 
 def hindsight_admission(
-    workload: Workload, thresholds: Sequence[float] = THRESHOLDS
+    workload: Workload,
+    thresholds: Sequence[float] = THRESHOLDS,
+    again: Sequence[bool] | None = None,
 ) -> dict[float, list[bool]]:
     """Admission masks from each feature's reuse share, counted over the whole workload.
 
     Args:
         workload: the requests.
         thresholds: the shares to try.
+        again: the workload's :func:`dead_block_oracle` when the caller has it already.
 
     Returns:
         Threshold -> one flag per access: the share of accesses with the same features that
         are referenced again is at least the threshold.
     """
     feats = reuse_features(workload)
-    again = dead_block_oracle(workload)
+    if again is None:
+        again = dead_block_oracle(workload)
     total = Counter(feats)
     reused = Counter(f for f, a in zip(feats, again, strict=True) if a)
     share = [reused[f] / total[f] for f in feats]
@@ -363,14 +358,12 @@ def bound_rows(
     rows: list[dict[str, Any]] = []
     for family, ws in workloads.items():
         for w in ws:
-            distinct = len(set(w.key_sequence()))
-            masks = hindsight_admission(w)
             oracle = dead_block_oracle(w)
+            masks = hindsight_admission(w, again=oracle)
             depth = CHAT_SHARED_DEPTH if family == "chat" else 0
-            for frac in budgets.get(family, ()):
-                blocks = max(8, int(frac * distinct))
-                cap = blocks * w.block_bytes
-                opt = opt_result(w, cap).hit_bytes or 1
+            for case in make_cases({family: [w]}, budgets.get(family, ())):
+                cap = case.blocks * w.block_bytes
+                opt = case.opt_hit_bytes or 1
 
                 def share(policy: CachePolicy, w: Workload = w, opt: float = opt) -> float:
                     return replay(w, policy).hit_bytes / opt
@@ -394,8 +387,8 @@ def bound_rows(
                     {
                         "family": family,
                         "workload": w.name,
-                        "budget": f"{frac:.0%}",
-                        "blocks": blocks,
+                        "budget": f"{case.fraction:.0%}",
+                        "blocks": case.blocks,
                         "best_anchor": best_name,
                         "best": round(best, 4),
                         "need": round(need, 4),
