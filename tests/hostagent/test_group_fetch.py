@@ -109,7 +109,8 @@ def test_leader_and_two_followers_all_end_verified_and_the_lossy_one_repairs(
         return datagram
 
     # The clients' first GET timeout (0.2 s) is long enough that a loaded machine causes no
-    # spurious retry; f1's stall timeout (5 s) is far beyond any gap of a live stream.
+    # spurious retry; the followers' stall timeout (5 s) is far beyond any gap of a live stream,
+    # or the wait for the leader's thread to start: at 0.3 s a loaded machine stalled f2 first.
     with MulticastRelay(backend, {}, mangle) as relay:
         leader = client(relay.address, pool_server.address, GROUP, nocache=True)
         f1 = client(relay.address, pool_server.address, GROUP)
@@ -119,7 +120,7 @@ def test_leader_and_two_followers_all_end_verified_and_the_lossy_one_repairs(
         bufs = [dst(), dst(), dst()]
         with ThreadPoolExecutor(3) as ex:
             fut1 = ex.submit(f1.follow, TENANT, KEY, bufs[1], stall_s=5.0)
-            fut2 = ex.submit(f2.follow, TENANT, KEY, bufs[2], stall_s=0.3)
+            fut2 = ex.submit(f2.follow, TENANT, KEY, bufs[2], stall_s=5.0)
             fut0 = ex.submit(leader.fetch, TENANT, KEY, bufs[0])
             reports: list[FetchReport] = [fut0.result(), fut1.result(), fut2.result()]
         gets = dict(relay.gets)
