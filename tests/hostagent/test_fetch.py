@@ -253,7 +253,12 @@ def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up
     # Fragment 0's answer is lost three times, one more than max_retries: each loss is shown by
     # later GETs answered (one fragment per GET, two in flight), so each re-send is a fast one,
     # and the path, which answers everything else, is not given up. The retry timeout's floor is
-    # long, so that a loaded machine's scheduling delay cannot turn a fast re-send into a timeout.
+    # long, so that a loaded machine's scheduling delay cannot turn a fast re-send into a timeout;
+    # the chunk is long, so that the fetch does not reach its tail (where no later GET can show a
+    # loss, and a retry is left to its timeout) before the third loss is seen, even when a loaded
+    # machine's jitter widens the reordering window (with 23 fragments it did).
+    key, chunk = KEY + 1, os.urandom(150 * c.FRAG_BYTES - 5)
+    backend.put(TENANT, key, chunk)
     with (
         FakeServer(Dropping(backend, set(), times={0: 3})) as srv,
         FetchClient(
@@ -266,9 +271,9 @@ def test_lost_retries_overtaken_by_later_answers_are_sent_again_without_using_up
             **LONG_FIRST,
         ) as client,  # fmt: skip
     ):
-        out = dst()
-        report = client.fetch(TENANT, KEY, out)
-    assert report.ok and as_bytes(out) == CHUNK and not report.fell_back
+        out = torch.zeros(len(chunk), dtype=torch.uint8)
+        report = client.fetch(TENANT, key, out)
+    assert report.ok and as_bytes(out) == chunk and not report.fell_back
     assert (report.fast_retransmits, report.retries, report.timeouts) == (3, 3, 0)
 
 
