@@ -509,6 +509,7 @@ class Controller:
             switches[name] = {
                 "address": rt.spec.address,
                 "generation": rt.client.generation,
+                "synced_generation": rt.client.synced_generation,
                 "last_error": str(rt.client.last_error) if rt.client.last_error else None,
                 "resident_chunks": len(rt.loader.resident()),
                 "policy_resident_chunks": len(rt.policy.resident_keys()),

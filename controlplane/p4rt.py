@@ -363,6 +363,7 @@ class SwitchClient:
         self._ready = asyncio.Event()
         self._synced = asyncio.Condition()
         self._generation = 0
+        self._synced_generation = 0
         self._pipeline_pushes = 0
         self._last_error: ControlPlaneError | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -399,6 +400,15 @@ class SwitchClient:
     def generation(self) -> int:
         """Number of sessions that reached the driver re-install (0 before the first)."""
         return self._generation
+
+    @property
+    def synced_generation(self) -> int:
+        """The last session whose driver re-install completed (0 before the first).
+
+        It trails :attr:`generation` while a session re-installs: what was read of the drivers
+        while the two differ may predate that session's adoption or reloads.
+        """
+        return self._synced_generation
 
     @property
     def pipeline_pushes(self) -> int:
@@ -726,6 +736,7 @@ class SwitchClient:
         for driver in self._drivers:
             await driver.reinstall(session)
         self._last_error = None
+        self._synced_generation = self._generation
         self._state = ConnectionState.READY
         self._ready.set()
         async with self._synced:

@@ -245,6 +245,11 @@ class ControllerProcess:
     def wait_ready(self, timeout: float = 60.0, after_generation: int = 0) -> dict[str, Any]:
         """Waits until the daemon reports switch s1 READY (in a session past the given one).
 
+        The status's figures are those of the daemon's last tick, its state is live: a tick
+        that ends while a session re-installs reports the new generation with what was resident
+        before that session's adoption. So the wait is for a status taken after the session's
+        re-install (``synced_generation``), whose figures count what it adopted or reloaded.
+
         Returns:
             The switch's status.
 
@@ -255,7 +260,8 @@ class ControllerProcess:
         while True:
             code, doc = self.status.status()
             sw = doc.get("switches", {}).get("s1", {}) if code == 200 else {}
-            if sw.get("state") == "ready" and int(sw.get("generation", 0)) > after_generation:
+            synced = int(sw.get("synced_generation", 0))
+            if sw.get("state") == "ready" and synced > after_generation:
                 return dict(sw)
             if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = self.log_path.read_text(errors="replace")[-2000:]

@@ -547,6 +547,10 @@ def test_a_restarted_controller_adopts_the_cache_without_orphans_or_duplicates(e
             summary = (await ctl.tick())["s1"]
             assert summary.accesses == {"adopted": 2}
             assert summary.loaded == 0 and summary.unloaded == {}
+            # A status of a tick after the session's re-install says so, and counts the adopted.
+            status = ctl.status()["switches"]["s1"]
+            assert (status["generation"], status["synced_generation"]) == (1, 1)
+            assert status["resident_chunks"] == 2
             assert installed(env.sw) == before  # same slots, same epochs: nothing reloaded
             assert len(env.sw.packet_outs) == writes_before  # no WRITE was sent
             assert set(rt.policy.resident_keys()) == {a, b}

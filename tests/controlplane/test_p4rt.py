@@ -120,6 +120,32 @@ def test_first_session_pushes_the_pipeline_with_its_cookie(refswitch: RefSwitch)
     assert driver.sessions == [SessionInfo(generation=1, pipeline_pushed=True)]
 
 
+def test_synced_generation_trails_the_session_until_its_reinstall_has_completed(
+    refswitch: RefSwitch,
+) -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Watching:
+        def __init__(self, client: SwitchClient) -> None:
+            self.client = client
+
+        async def reinstall(self, session: SessionInfo) -> None:
+            seen.append((self.client.generation, self.client.synced_generation))
+
+    async def main() -> tuple[int, int, int, int]:
+        client = SwitchClient(config(refswitch))
+        client.add_driver(Watching(client))
+        async with client:
+            first = (client.generation, client.synced_generation)
+            refswitch.restart()
+            await client.wait_synced(first[0], timeout=10)
+            return (*first, client.generation, client.synced_generation)
+
+    assert run(main()) == (1, 1, 2, 2)
+    # While a session's drivers re-install, it is not counted as synced yet.
+    assert seen == [(1, 0), (2, 1)]
+
+
 def test_a_switch_running_the_pipeline_is_not_pushed_again(refswitch: RefSwitch) -> None:
     driver = RecordingDriver()
 

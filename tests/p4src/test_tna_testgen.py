@@ -48,7 +48,8 @@ CPU = TOFINO["CPU_PORT_NUM"]
 # reaches depends on its seed: depth-first from seed 3 reaches the GET miss, the WRITE fan-out
 # and DATA, from seed 6 the GET hit's epoch and bound checks; greedy statement coverage from
 # seed 13 a GET hit's reply, from seed 1 the edge guard's and the verdict's security drops.
-# About four minutes here in all.
+# About four minutes here in all, and over five under load: the tests that wait for them (the
+# module fixture is set up inside the first one's timeout) allow TESTGEN_TEST_TIMEOUT_S.
 TESTGEN_RUNS = (
     (3, 1000, "DEPTH_FIRST"),
     (6, 600, "DEPTH_FIRST"),
@@ -56,6 +57,7 @@ TESTGEN_RUNS = (
     (1, 1500, "GREEDY_STATEMENT_SEARCH"),
 )
 TESTGEN_TIMEOUT_S = 1800
+TESTGEN_TEST_TIMEOUT_S = 2400
 # The paths the issue names, as the reference target classes them (tna_replay).
 REQUIRED_PATHS = ("get_hit", "get_miss", "write_fanout_ack", "security_drop")
 
@@ -416,6 +418,7 @@ def testgen_outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str,
     return replay(out, files, fix_checksum=True)
 
 
+@pytest.mark.timeout(TESTGEN_TEST_TIMEOUT_S)
 def test_every_generated_test_agrees_or_is_a_documented_difference(
     testgen_outcomes: list[dict[str, Any]],
 ) -> None:
@@ -427,6 +430,7 @@ def test_every_generated_test_agrees_or_is_a_documented_difference(
         assert f"`{outcome.split(':', 1)[1]}`" in text, f"{outcome} is not in docs/tofino.md"
 
 
+@pytest.mark.timeout(TESTGEN_TEST_TIMEOUT_S)
 def test_the_generated_tests_cover_the_issues_paths(testgen_outcomes: list[dict[str, Any]]) -> None:
     agreed = {o["path"].split(":")[0] for o in testgen_outcomes if o["outcome"] == "agree"}
     missing = [p for p in REQUIRED_PATHS if p not in agreed]
